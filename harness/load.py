@@ -1,0 +1,199 @@
+"""Load stage: the committed fixture, a config-only model with seeded random weights, or a local
+checkpoint directory (including a real Gemma 4 E2B snapshot, text decoder only). Nothing downloads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import HarnessError
+
+FIXTURE_DIR = Path(__file__).resolve().parent / "fixture"
+ATTN_IMPLEMENTATION = "eager"  # bit-exact eager vs exported; see README "Why eager attention"
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # transformers Gemma4ForCausalLM, eval mode, FP32
+    tokenizer: Any  # transformers tokenizer (may be None for config-only models)
+    name: str  # "fixture", "config:<name>", or the directory
+    identity: str  # hash of what determines the weights (cache key component)
+    directory: Path | None = None
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _dir_identity(directory: Path) -> str:
+    """Cheap but content-sensitive: names, sizes, and the first/last MiB of every weight file."""
+    h = hashlib.sha256()
+    for path in sorted(directory.iterdir()):
+        if not path.is_file():
+            continue
+        h.update(path.name.encode())
+        size = path.stat().st_size
+        h.update(str(size).encode())
+        with open(path, "rb") as f:
+            h.update(f.read(1 << 20))
+            if size > 2 << 20:
+                f.seek(-(1 << 20), 2)
+                h.update(f.read())
+    return h.hexdigest()
+
+
+def _load_tokenizer(directory: Path):
+    from transformers import AutoTokenizer
+
+    if not (directory / "tokenizer.json").is_file():
+        raise HarnessError(
+            f"model directory {directory} has no tokenizer.json",
+            "copy the checkpoint's tokenizer files (tokenizer.json, tokenizer_config.json) into it",
+        )
+    return AutoTokenizer.from_pretrained(str(directory))
+
+
+def check_model_dir(directory: Path) -> None:
+    """Raise a one-line HarnessError unless ``directory`` looks like a complete HF checkpoint."""
+    if not directory.exists():
+        raise HarnessError(
+            f"model directory {directory} does not exist",
+            "pass --model fixture, or a local Hugging Face snapshot directory (nothing is downloaded)",
+        )
+    if not directory.is_dir():
+        raise HarnessError(f"{directory} is not a directory", "pass the snapshot directory, not a file")
+    if not (directory / "config.json").is_file():
+        raise HarnessError(
+            f"model directory {directory} has no config.json",
+            "point --model at the snapshot root that holds config.json and *.safetensors",
+        )
+    weights = list(directory.glob("*.safetensors"))
+    if not weights:
+        raise HarnessError(
+            f"model directory {directory} has no *.safetensors weights",
+            "copy the complete checkpoint (all safetensors shards) into it",
+        )
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        shards = set(json.loads(index.read_text())["weight_map"].values())
+        missing = sorted(s for s in shards if not (directory / s).is_file())
+        if missing:
+            raise HarnessError(
+                f"model directory {directory} is incomplete: missing shard(s) {', '.join(missing)}",
+                "finish copying the checkpoint",
+            )
+
+
+def load_fixture(directory: Path = FIXTURE_DIR) -> LoadedModel:
+    """The committed, trained tiny Gemma 4 (see harness/fixture/MODEL_CARD.md)."""
+    loaded = load_directory(directory, name="fixture")
+    loaded.identity = _sha256_file(directory / "model.safetensors")
+    return loaded
+
+
+def load_directory(directory: Path, name: str | None = None) -> LoadedModel:
+    """A local checkpoint: a Gemma4ForCausalLM directory, or a full Gemma 4 (multimodal) snapshot
+    whose text decoder is extracted without loading the vision/audio towers."""
+    import torch
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    directory = Path(directory)
+    check_model_dir(directory)
+    raw = json.loads((directory / "config.json").read_text())
+    model_type = raw.get("model_type")
+    if model_type == "gemma4_text":
+        model = Gemma4ForCausalLM.from_pretrained(
+            str(directory), dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
+        )
+    elif model_type == "gemma4":
+        model = _load_text_decoder_from_multimodal(directory, raw, Gemma4TextConfig, Gemma4ForCausalLM)
+    else:
+        raise HarnessError(
+            f"{directory}/config.json has model_type {model_type!r}, not a Gemma 4 model",
+            "pass a Gemma 4 checkpoint (model_type gemma4 or gemma4_text)",
+        )
+    model.eval()
+    tokenizer = _load_tokenizer(directory)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=name or str(directory),
+        identity=_dir_identity(directory),
+        directory=directory,
+    )
+
+
+def _load_text_decoder_from_multimodal(directory: Path, raw: dict, config_cls, model_cls):
+    import torch
+    from safetensors import safe_open
+
+    text_cfg = dict(raw.get("text_config") or {})
+    if not text_cfg:
+        raise HarnessError(
+            f"{directory}/config.json has no text_config", "pass a Gemma 4 snapshot with a text decoder"
+        )
+    text_cfg.pop("model_type", None)
+    config = config_cls(**text_cfg)
+    config._attn_implementation = ATTN_IMPLEMENTATION
+    with torch.device("meta"):
+        model = model_cls(config)
+    wanted = set(model.state_dict().keys())
+    state = {}
+    for shard in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as f:
+            for key in f.keys():
+                for prefix in ("model.language_model.", "language_model.model."):
+                    if key.startswith(prefix):
+                        new = "model." + key[len(prefix):]
+                        if new in wanted:
+                            state[new] = f.get_tensor(key).to(torch.float32)
+    missing = wanted - set(state) - {"lm_head.weight"}
+    if missing:
+        raise HarnessError(
+            f"{directory} lacks {len(missing)} text-decoder tensors (e.g. {sorted(missing)[0]})",
+            "pass a complete Gemma 4 checkpoint",
+        )
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    for name, buf in list(model.named_buffers()):
+        if buf.is_meta:
+            raise HarnessError(f"buffer {name} was not initialised", "report this checkpoint layout")
+    return model
+
+
+def load_config_model(config: dict, seed: int = 0, name: str = "config") -> LoadedModel:
+    """A config-only model with random weights from a fixed seed (benchmark sizes). The tokenizer
+    is the fixture's when the vocab sizes agree, else None."""
+    import torch
+    from transformers import AutoTokenizer, Gemma4ForCausalLM, Gemma4TextConfig
+
+    cfg = Gemma4TextConfig(**config)
+    cfg._attn_implementation = ATTN_IMPLEMENTATION
+    torch.manual_seed(seed)
+    model = Gemma4ForCausalLM(cfg).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(FIXTURE_DIR)) if cfg.vocab_size == 1024 else None
+    identity = hashlib.sha256(json.dumps([config, seed], sort_keys=True).encode()).hexdigest()
+    return LoadedModel(model=model, tokenizer=tokenizer, name=f"config:{name}", identity=identity)
+
+
+def load_model(spec: str) -> LoadedModel:
+    """``fixture`` or a directory path."""
+    if spec == "fixture":
+        return load_fixture()
+    return load_directory(Path(spec))

@@ -1,0 +1,63 @@
+"""Save/load ``.pt2`` through an open file handle, verified after writing.
+
+The deployment log lost hours to ``torch.export.save(ep, pathlib.Path)`` writing an archive
+without its zip central directory (>2 GB, torch 2.11) while reporting success. Here every save
+goes through an open handle into a temp file, is checked (zip central directory present, the
+archive reloads), and only then renamed into place.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+from harness.atomic import atomic_path
+from harness.errors import HarnessError
+
+
+def check_zip(path: Path) -> None:
+    """The zip central directory must be present and list the program's entries."""
+    if not zipfile.is_zipfile(path):
+        raise HarnessError(
+            f"{path} is not a complete .pt2 archive (zip central directory missing: truncated write?)",
+            "delete it and export again",
+        )
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+    if not any(n.endswith(".json") or "models/" in n for n in names):
+        raise HarnessError(f"{path} is a zip file but holds no exported program", "export again")
+
+
+def load_pt2(path: Path):
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise HarnessError(f".pt2 file {path} does not exist", "export it first (harness export)")
+    check_zip(path)
+    try:
+        with open(path, "rb") as f:
+            return torch.export.load(f)
+    except Exception as e:  # torch raises RuntimeError/KeyError/... for damaged archives
+        raise HarnessError(f"{path} could not be loaded as an ExportedProgram ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0][:120]})", "delete it and export again") from e
+
+
+def verify_pt2(path: Path) -> None:
+    check_zip(path)
+    load_pt2(path)
+
+
+def save_pt2(ep, path: Path, writer=None) -> Path:
+    """Write ``ep`` to ``path`` atomically through an open handle, then verify it.
+
+    ``writer(ep, fileobj)`` defaults to ``torch.export.save``; tests substitute a truncating
+    writer to show a damaged archive is caught at write time."""
+    import torch
+
+    writer = writer or torch.export.save
+    path = Path(path)
+    with atomic_path(path, verify=verify_pt2) as tmp:
+        with open(tmp, "wb") as f:
+            writer(ep, f)
+    return path

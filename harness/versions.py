@@ -1,0 +1,32 @@
+"""Library versions and the harness's own source hash: parts of every cache key and provenance."""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+LIBRARIES = ("torch", "transformers", "torchao", "executorch", "tokenizers")
+
+
+@lru_cache(maxsize=None)
+def library_versions() -> dict[str, str]:
+    out = {}
+    for lib in LIBRARIES:
+        try:
+            out[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            out[lib] = "absent"
+    return out
+
+
+@lru_cache(maxsize=None)
+def source_hash() -> str:
+    """sha256 over the harness package's .py files (the code that builds artifacts)."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
