@@ -16,16 +16,28 @@ from harness.errors import HarnessError
 
 
 def check_zip(path: Path) -> None:
-    """The zip central directory must be present and list the program's entries."""
-    if not zipfile.is_zipfile(path):
+    """The archive's own zip central directory must end the file and list the program.
+
+    ``zipfile.is_zipfile`` alone is not enough: a cut archive can still contain the end record
+    of a zip nested inside one of its entries."""
+    size = Path(path).stat().st_size
+    problem = None
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = set(z.namelist())
+            end = max((i.header_offset for i in z.infolist()), default=0)
+    except (zipfile.BadZipFile, OSError, ValueError):
+        problem = "zip central directory missing"
+    else:
+        if "archive/models/model.json" not in names and not any(n.endswith("models/model.json") for n in names):
+            problem = "zip central directory damaged: the exported program's entries are not listed"
+        elif end >= size:
+            problem = "zip central directory points past the end of the file"
+    if problem:
         raise HarnessError(
-            f"{path} is not a complete .pt2 archive (zip central directory missing: truncated write?)",
+            f"{path} is not a complete .pt2 archive ({problem}: truncated write?)",
             "delete it and export again",
         )
-    with zipfile.ZipFile(path) as z:
-        names = z.namelist()
-    if not any(n.endswith(".json") or "models/" in n for n in names):
-        raise HarnessError(f"{path} is a zip file but holds no exported program", "export again")
 
 
 def load_pt2(path: Path):

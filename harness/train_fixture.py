@@ -102,6 +102,14 @@ def build_tokenizer(corpus: list[dict], out_dir: Path) -> None:
         texts += [row["prompt"], row["answer"], "user", "model"]
     tok.train_from_iterator(texts * 4, trainer=trainer)
     spec = json.loads(tok.to_str())
+    # The Split pre-tokenizer only keeps merges inside words during training. ExecuTorch's
+    # runner tokenizer (pytorch_tokenizers' HFTokenizer) rejects Split with MergedWithNext, so the
+    # shipped file has none; that is exact only while no merge crosses a word boundary.
+    for merge in spec["model"]["merges"]:
+        left, right = merge if isinstance(merge, list) else merge.split(" ", 1)
+        if "\u2581" in left[1:] or "\u2581" in right:
+            raise RuntimeError(f"merge {merge!r} crosses a word boundary")
+    spec["pre_tokenizer"] = None
     # Byte tokens live in the model vocab (for byte fallback), not as added special tokens.
     spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] in SPECIAL_TOKENS]
     vocab = spec["model"]["vocab"]

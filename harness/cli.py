@@ -1,0 +1,170 @@
+"""Command line: ``harness`` / ``python -m harness``.
+
+Errors the user can fix print one line on stderr and exit 2; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from harness.errors import HarnessError
+
+DEFAULT_PROMPT = "What is the capital of France?"
+
+
+def _progress(msg: str) -> None:
+    print(f"[harness] {msg}", file=sys.stderr, flush=True)
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 1e6:.2f} MB"
+
+
+def cmd_demo(args) -> int:
+    """The main job: load → quantize → export → lower → .pte → generate → verify, on the fixture."""
+    from harness.pipeline import Pipeline
+    from harness.export import ExportSettings
+
+    pipe = Pipeline(args.model, args.recipe, ExportSettings(max_context=args.max_context), progress=_progress)
+    pipe.loaded
+    pipe.quantized
+    pipe.pt2_path
+    pipe.pte_path
+    gen = pipe.generate(args.prompt, stage="pte", max_new_tokens=args.max_new_tokens)
+    answer = pipe.decode(gen.ids)
+    t0 = time.time()
+    reference = pipe.hf_generate(args.prompt, max_new_tokens=args.max_new_tokens)
+    pipe.records["verify (HF generate, FP32)"] = type(pipe.records["load"])(time.time() - t0, None)
+    print(f"model:   {pipe.loaded.name} ({pipe.loaded.param_count():,} parameters)")
+    print(f"recipe:  {pipe.recipe.name}: {pipe.recipe.description}")
+    print(f"prompt:  {args.prompt}")
+    print(f"answer:  {answer}   (.pte, token ids {gen.ids})")
+    rows = [
+        [stage, f"{rec.seconds:.2f}", _fmt_bytes(rec.bytes), "cache" if rec.cached else ""]
+        for stage, rec in pipe.records.items()
+    ]
+    print()
+    print(_table(rows, ["stage", "seconds", "size", "from"]))
+    ops = pipe.lower_report
+    if ops:
+        print(f"\nXNNPACK delegate calls: {ops['delegated_calls']}; portable ops left: {ops['portable_total']}")
+    print(f".pte: {pipe.pte_path}")
+    if gen.ids != reference:
+        print(
+            f"\nVERIFY FAILED: the .pte said {gen.ids} ({answer!r}); HF generate (FP32) says "
+            f"{reference} ({pipe.decode(reference)!r})",
+            file=sys.stderr,
+        )
+        return 1
+    print("\nverify: the .pte answer equals HF generate (FP32), token for token")
+    if args.out:
+        shutil.copyfile(pipe.pte_path, args.out)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from harness.atomic import check_writable
+    from harness.export import ExportSettings
+    from harness.pipeline import Pipeline
+    from harness.pte import write_pte
+    from harness.recipes import get_recipe
+
+    out = Path(args.out)
+    if out.suffix != ".pte":
+        raise HarnessError(f"--out {out} does not end in .pte", "name the output FILE.pte")
+    check_writable(out)
+    get_recipe(args.recipe)
+    pipe = Pipeline(args.model, args.recipe, ExportSettings(max_context=args.max_context), progress=_progress)
+    write_pte(pipe.pte_path.read_bytes(), out)
+    rows = [[s, f"{r.seconds:.2f}", _fmt_bytes(r.bytes), "cache" if r.cached else ""] for s, r in pipe.records.items()]
+    print(_table(rows, ["stage", "seconds", "size", "from"]))
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from harness.generate import greedy
+    from harness.load import FIXTURE_DIR, _load_tokenizer, check_model_dir
+    from harness.pipeline import encode_prompt
+    from harness.pte import PteRunner
+
+    runner = PteRunner(Path(args.pte))
+    tok_dir = FIXTURE_DIR if args.tokenizer == "fixture" else Path(args.tokenizer)
+    if args.tokenizer != "fixture" and not tok_dir.is_dir():
+        check_model_dir(tok_dir)
+    tokenizer = _load_tokenizer(tok_dir)
+    meta = runner.metadata()
+    eos = meta.get("get_eos_ids", [])
+    eos = set(eos if isinstance(eos, list) else [eos])
+    ids = encode_prompt(tokenizer, args.prompt)
+    gen = greedy(
+        runner.step, ids, args.max_new_tokens, eos_ids=frozenset(eos),
+        max_context=int(meta.get("get_max_context_len", 0)) or None,
+        vocab_size=int(meta.get("get_vocab_size", 0)) or None,
+    )
+    print(tokenizer.decode(gen.ids, skip_special_tokens=True))
+    if args.ids:
+        print(gen.ids)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="harness", description="Gemma 4 → ExecuTorch golden-token harness")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="the main job on the fixture: export → quantize → lower → .pte → generate → verify")
+    d.add_argument("--model", default="fixture", help="fixture, or a local checkpoint directory")
+    d.add_argument("--recipe", default="8da4w")
+    d.add_argument("--prompt", default=DEFAULT_PROMPT)
+    d.add_argument("--max-new-tokens", type=int, default=9)
+    d.add_argument("--max-context", type=int, default=128)
+    d.add_argument("--out", help="also copy the .pte here")
+    d.set_defaults(func=cmd_demo)
+
+    e = sub.add_parser("export", help="export, quantize and lower a model to a .pte")
+    e.add_argument("--model", default="fixture", help="fixture, or a local checkpoint directory")
+    e.add_argument("--recipe", default="8da4w")
+    e.add_argument("--out", required=True, help="FILE.pte")
+    e.add_argument("--max-context", type=int, default=128)
+    e.set_defaults(func=cmd_export)
+
+    g = sub.add_parser("generate", help="greedy generation from a .pte")
+    g.add_argument("--pte", required=True)
+    g.add_argument("--tokenizer", default="fixture", help="fixture, or a directory with tokenizer.json")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-new-tokens", type=int, default=9)
+    g.add_argument("--ids", action="store_true", help="also print the generated token ids")
+    g.set_defaults(func=cmd_generate)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except HarnessError as e:
+        if args.debug:
+            raise
+        print(f"harness: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("harness: interrupted; nothing was left half-written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""The artifact cache: keyed by everything that determines an artifact, self-verifying."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.cache import ArtifactCache, cache_key, cache_root
+
+pytestmark = pytest.mark.mac
+
+
+def _builder(calls: list, content: bytes = b"artifact"):
+    def build(path):
+        calls.append(path)
+        path.write_bytes(content)
+        return {"note": "built"}
+    return build
+
+
+def test_key_depends_on_every_component():
+    base = dict(model="w1", config="c1", recipe={"name": "fp32"}, settings={"max_context": 128})
+    k = cache_key("pte", **base)
+    assert k == cache_key("pte", **base)
+    for field, other in [("model", "w2"), ("config", "c2"), ("recipe", {"name": "8da4w"}),
+                         ("settings", {"max_context": 256})]:
+        assert cache_key("pte", **{**base, field: other}) != k, field
+    assert cache_key("pt2", **base) != k
+
+
+def test_key_depends_on_library_versions_and_harness_source(monkeypatch):
+    import harness.cache as c
+
+    k = cache_key("pte", model="w")
+    monkeypatch.setattr(c, "library_versions", lambda: {"torch": "9.9.9"})
+    assert cache_key("pte", model="w") != k
+    monkeypatch.undo()
+    monkeypatch.setattr(c, "source_hash", lambda: "edited")
+    assert cache_key("pte", model="w") != k
+
+
+def test_hit_builds_nothing(tmp_path):
+    cache, calls = ArtifactCache(tmp_path), []
+    a = cache.get_or_build("pte", "k", "model.pte", _builder(calls))
+    b = cache.get_or_build("pte", "k", "model.pte", _builder(calls))
+    assert a == b and len(calls) == 1
+    assert [e[2] for e in cache.events] == ["build", "hit"]
+
+
+def test_corrupt_entry_is_detected_by_hash_and_rebuilt(tmp_path):
+    cache, calls = ArtifactCache(tmp_path), []
+    path = cache.get_or_build("pte", "k", "model.pte", _builder(calls))
+    path.write_bytes(b"artifacT")  # one flipped byte
+    again = cache.get_or_build("pte", "k", "model.pte", _builder(calls))
+    assert len(calls) == 2 and again.read_bytes() == b"artifact"
+    assert [e[2] for e in cache.events] == ["build", "corrupt", "build"]
+
+
+def test_failed_build_leaves_no_entry(tmp_path):
+    cache = ArtifactCache(tmp_path)
+
+    def boom(path):
+        path.write_bytes(b"half")
+        raise RuntimeError("killed mid-build")
+
+    with pytest.raises(RuntimeError):
+        cache.get_or_build("pte", "k", "model.pte", boom)
+    assert cache.lookup("pte", "k", "model.pte") is None
+    assert not any(p.name.startswith("pte-k") for p in tmp_path.iterdir())
+
+
+def test_location_from_env_and_off_switch(monkeypatch, tmp_path):
+    monkeypatch.delenv("HARNESS_NO_CACHE", raising=False)
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "c"))
+    assert cache_root() == tmp_path / "c"
+    monkeypatch.delenv("HARNESS_CACHE_DIR")
+    assert ".cache" in str(cache_root())
+    monkeypatch.setenv("HARNESS_NO_CACHE", "1")
+    root = cache_root()
+    assert root != tmp_path / "c" and "nocache" in root.name
