@@ -62,3 +62,87 @@ def pipeline():
         return made[key]
 
     return get
+
+
+# ---- goldens ----------------------------------------------------------------------------------
+from syrupy.extensions.json import JSONSnapshotExtension  # noqa: E402
+
+
+class GoldenTokens(JSONSnapshotExtension):
+    """Token goldens (ids + text, never floats) live in goldens/tokens/, one file per
+    model, recipe, stage and prompt."""
+
+    @classmethod
+    def dirname(cls, *, test_location) -> str:
+        return str(ROOT / "goldens" / "tokens" / test_location.basename)
+
+
+@pytest.fixture
+def golden_tokens(snapshot):
+    return snapshot.with_defaults(extension_class=GoldenTokens)
+
+
+@pytest.fixture(scope="session")
+def updating_goldens(request) -> bool:
+    return bool(request.config.getoption("--snapshot-update", default=False))
+
+
+@pytest.fixture(scope="session")
+def stage_runs(pipeline):
+    """``stage_runs(recipe, stage, prompt)`` -> Generation, computed once per session; ``.all``
+    holds every run so far, keyed (recipe, stage) per prompt, for failure explanations."""
+    from harness.goldens import STAGES
+
+    memo: dict = {}
+
+    def run(recipe: str, stage: str, prompt: str):
+        key = (recipe, stage, prompt)
+        if key not in memo:
+            memo[key] = pipeline(recipe).run_stage(stage, prompt)
+        return memo[key]
+
+    def chain(prompt: str, recipes=("fp32", "8da4w")) -> dict:
+        return {(r, s): run(r, s, prompt) for r in recipes for s in STAGES}
+
+    run.chain = chain
+    return run
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With --snapshot-update, the provenance record is rewritten together with the goldens."""
+    if not session.config.getoption("--snapshot-update", default=False):
+        return
+    if exitstatus not in (0,):
+        return
+    from harness.goldens import PROVENANCE, current_provenance, write_json_golden
+    from harness.load import _sha256_file
+
+    write_json_golden(PROVENANCE, current_provenance(_sha256_file(FIXTURE_DIR / "model.safetensors")))
+
+
+def pytest_report_header(config):
+    from harness.goldens import PROVENANCE, current_provenance, provenance_diff
+    from harness.load import _sha256_file
+
+    if not PROVENANCE.is_file():
+        return "goldens: no provenance record (record with: pytest -m mac --snapshot-update)"
+    try:
+        recorded = json.loads(PROVENANCE.read_text())
+    except ValueError:
+        return "goldens: provenance.json is malformed"
+    diff = provenance_diff(recorded, current_provenance(_sha256_file(FIXTURE_DIR / "model.safetensors")))
+    if not diff:
+        return "goldens: recorded under this exact stack"
+    return "goldens: recorded under another stack: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in diff.items())
+
+
+@pytest.fixture(scope="session")
+def golden_tokens_for():
+    """Read a committed token golden directly: ``golden_tokens_for(recipe, stage, prompt)``."""
+    from harness.goldens import GOLDENS_DIR, read_json_golden, slug
+
+    def read(recipe: str, stage: str, prompt: str) -> list[int]:
+        path = GOLDENS_DIR / "tokens" / "test_goldens" / f"test_token_golden[{slug(prompt)}-{stage}-{recipe}].json"
+        return read_json_golden(path)["ids"]
+
+    return read

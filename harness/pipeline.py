@@ -216,16 +216,31 @@ class Pipeline:
         return gen
 
     def hf_generate(self, prompt: str | list[int], max_new_tokens: int = 9, quantized: bool = False) -> list[int]:
+        return self.hf_run(prompt, max_new_tokens, quantized).ids
+
+    def hf_run(self, prompt: str | list[int], max_new_tokens: int = 9, quantized: bool = True) -> Generation:
+        """transformers' own ``generate`` (greedy) on the FP32 or the recipe's model, with logits."""
         import torch
 
         ids = self.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
         model = self.quantized if quantized else self.loaded.model
+        eos = eos_ids(self.loaded)
         with torch.no_grad():
             out = model.generate(
                 torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                eos_token_id=eos_ids(self.loaded), pad_token_id=self.loaded.config.pad_token_id,
+                eos_token_id=eos, pad_token_id=self.loaded.config.pad_token_id,
+                output_logits=True, return_dict_in_generate=True,
             )
-        return out[0, len(ids):].tolist()
+        new = out.sequences[0, len(ids):].tolist()
+        return Generation(prompt_ids=ids, ids=new, step_logits=[l[0] for l in out.logits],
+                          stopped_on_eos=bool(new) and new[-1] in eos)
+
+    def run_stage(self, stage: str, prompt: str | list[int], max_new_tokens: int = 9) -> Generation:
+        """One golden stage: ``hf_generate`` (transformers on this recipe's model), ``eager``
+        (the export wrapper, eagerly), ``exported`` (the reloaded .pt2) or ``pte``."""
+        if stage == "hf_generate":
+            return self.hf_run(prompt, max_new_tokens, quantized=True)
+        return self.generate(prompt, stage=stage, max_new_tokens=max_new_tokens)
 
     def decode(self, ids: list[int]) -> str:
         return self.loaded.tokenizer.decode(ids, skip_special_tokens=True)

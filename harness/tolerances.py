@@ -1,0 +1,54 @@
+"""Every numeric tolerance the harness uses, each with the reason it is what it is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    reason: str
+
+
+TOLERANCES: dict[str, Tolerance] = {
+    "eager_vs_exported": Tolerance(
+        0.0,
+        "torch.export records the same aten ops the eager wrapper runs, with the same weights and "
+        "eager attention, so the in-memory program is bit-exact (torch.equal). With sdpa the fused "
+        "kernel's reduction order differs between the two paths (~3e-7), which is why the harness "
+        "loads every model with attn_implementation='eager'.",
+    ),
+    "pt2_reload": Tolerance(
+        1e-5,
+        "a .pt2 reloaded from disk is the same graph and the same weights, and prefill is bit-exact, "
+        "but on torch 2.13 its decode-step logits differ from the in-memory program by up to 2e-6 "
+        "(measured; cause not found yet, noted on the issue). 1e-5 is 5x that and 1e5x below any "
+        "token margin.",
+    ),
+    "pte_vs_exported/fp32": Tolerance(
+        1e-2,
+        "XNNPACK's FP32 GEMM and its fused ops sum in another order with FMA: measured max |diff| "
+        "2.4e-3 logits on the fixture; 4x headroom, still 800x below the fixture's 8-logit margins.",
+    ),
+    "pte_vs_exported/8da4w": Tolerance(
+        0.5,
+        "XNNPACK quantizes activations per token with its own rounding, so INT8 codes can differ by "
+        "one step from torchao's reference: measured max |diff| 0.16 logits; 3x headroom, 16x below "
+        "the fixture's 8-logit margins.",
+    ),
+    "logit_golden/fp32": Tolerance(
+        1e-3,
+        "log-probs of the golden top-5 across library builds: FP32 reassociation moves them by "
+        "~1e-5, while a lost softcap or a shifted embedding scale moves them by more than 0.1.",
+    ),
+    "logit_golden/8da4w": Tolerance(
+        2e-2,
+        "a one-step change in an INT8 activation code (different rounding in a new torchao or "
+        "XNNPACK) moves log-probs by up to ~1e-2; a scale or softcap regression moves them by >0.1.",
+    ),
+}
+
+
+def tolerance(name: str) -> Tolerance:
+    return TOLERANCES[name]
