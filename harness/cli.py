@@ -121,6 +121,12 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_goldens_diff(args) -> int:
+    from harness.golden_diff import main
+
+    return main(progress=_progress)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="harness", description="Gemma 4 → ExecuTorch golden-token harness")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -149,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=9)
     g.add_argument("--ids", action="store_true", help="also print the generated token ids")
     g.set_defaults(func=cmd_generate)
+
+    gd = sub.add_parser("goldens", help="goldens: diff against the committed ones")
+    gsub = gd.add_subparsers(dest="goldens_command", required=True)
+    gdd = gsub.add_parser("diff", help="rerun every golden stage and show what changed, and the provenance")
+    gdd.set_defaults(func=cmd_goldens_diff)
     return ap
 
 
