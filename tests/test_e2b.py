@@ -42,6 +42,5 @@ def test_e2b_eager_answers_match_the_log(e2b_pipelines, recipe):
 @needs_e2b
 def test_e2b_pte_first_token(e2b_pipelines):
     p = e2b_pipelines["8da4w"]
-    assert p.quant_summary if hasattr(p, "quant_summary") else True
     gen = p.generate(PROMPT, stage="pte", max_new_tokens=1)
     assert gen.ids[0] == 818
