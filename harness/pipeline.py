@@ -202,9 +202,10 @@ class Pipeline:
 
     def generate(self, prompt: str | list[int], stage: str = "pte", max_new_tokens: int = 9, **kw) -> Generation:
         ids = self.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
+        step = self.step(stage)  # loading the program is its own stage, not generation time
         t0 = time.time()
         gen = greedy(
-            self.step(stage),
+            step,
             ids,
             max_new_tokens,
             eos_ids=frozenset(eos_ids(self.loaded)),
