@@ -115,14 +115,14 @@ def pytest_sessionfinish(session, exitstatus):
     if exitstatus not in (0,):
         return
     from harness.goldens import PROVENANCE, current_provenance, write_json_golden
-    from harness.load import _sha256_file
+    from harness.cache import sha256_file
 
-    write_json_golden(PROVENANCE, current_provenance(_sha256_file(FIXTURE_DIR / "model.safetensors")))
+    write_json_golden(PROVENANCE, current_provenance(sha256_file(FIXTURE_DIR / "model.safetensors")))
 
 
 def pytest_report_header(config):
     from harness.goldens import PROVENANCE, current_provenance, provenance_diff
-    from harness.load import _sha256_file
+    from harness.cache import sha256_file
 
     if not PROVENANCE.is_file():
         return "goldens: no provenance record (record with: pytest -m mac --snapshot-update)"
@@ -130,7 +130,7 @@ def pytest_report_header(config):
         recorded = json.loads(PROVENANCE.read_text())
     except ValueError:
         return "goldens: provenance.json is malformed"
-    diff = provenance_diff(recorded, current_provenance(_sha256_file(FIXTURE_DIR / "model.safetensors")))
+    diff = provenance_diff(recorded, current_provenance(sha256_file(FIXTURE_DIR / "model.safetensors")))
     if not diff:
         return "goldens: recorded under this exact stack"
     return "goldens: recorded under another stack: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in diff.items())

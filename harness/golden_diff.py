@@ -32,11 +32,12 @@ def golden_path(recipe: str, stage: str, prompt: str):
 
 
 def diff(progress=print) -> tuple[list[str], dict]:
-    from harness.load import _sha256_file, FIXTURE_DIR
+    from harness.cache import sha256_file
+    from harness.load import FIXTURE_DIR
     from harness.pipeline import Pipeline
 
     recorded = read_json_golden(PROVENANCE) if PROVENANCE.is_file() else {}
-    now = current_provenance(_sha256_file(FIXTURE_DIR / "model.safetensors"))
+    now = current_provenance(sha256_file(FIXTURE_DIR / "model.safetensors"))
     pipes = {r: Pipeline("fixture", r, progress=progress) for r in RECIPES}
     lines = []
     for prompt in committed_prompts():

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.cache import sha256_file
 from harness.errors import HarnessError
 
 FIXTURE_DIR = Path(__file__).resolve().parent / "fixture"
@@ -31,14 +32,6 @@ class LoadedModel:
 
     def param_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _dir_identity(directory: Path) -> str:
@@ -103,7 +96,7 @@ def check_model_dir(directory: Path) -> None:
 def load_fixture(directory: Path = FIXTURE_DIR) -> LoadedModel:
     """The committed, trained tiny Gemma 4 (see harness/fixture/MODEL_CARD.md)."""
     loaded = load_directory(directory, name="fixture")
-    loaded.identity = _sha256_file(directory / "model.safetensors")
+    loaded.identity = sha256_file(directory / "model.safetensors")
     return loaded
 
 

@@ -17,7 +17,6 @@ as in E2B), double-wide MLP on shared layers, final logit softcapping 30, tied e
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
@@ -230,12 +229,7 @@ def answer_margin(model, input_ids, labels, attention) -> tuple[float, bool]:
     return margins.min().item(), bool(right[mask].all())
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+from harness.cache import sha256_file  # noqa: E402
 
 
 def write_model_card(out_dir: Path, stats: dict) -> None:
