@@ -121,6 +121,70 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    """Check a .pte against the committed goldens (fixture) or against HF generate (a directory)."""
+    from harness.golden_diff import committed_prompts, golden_path
+    from harness.goldens import check_tokens, read_json_golden
+    from harness.pipeline import Pipeline
+    from harness.pte import PteRunner
+
+    runner = PteRunner(Path(args.pte))
+    pipe = Pipeline(args.model, args.recipe)
+    step = runner.step
+    failures = 0
+    prompts = committed_prompts() if args.model == "fixture" else [DEFAULT_PROMPT]
+    for prompt in prompts:
+        from harness.generate import greedy
+        from harness.pipeline import eos_ids
+
+        gen = greedy(step, pipe.prompt_ids(prompt), 9, eos_ids=frozenset(eos_ids(pipe.loaded)),
+                     max_context=pipe.settings.max_context, vocab_size=pipe.loaded.config.vocab_size)
+        if args.model == "fixture":
+            want = read_json_golden(golden_path(pipe.recipe.name, "pte", prompt))["ids"]
+            label = "golden"
+        else:
+            want = pipe.hf_generate(prompt)
+            label = "HF generate"
+        report = check_tokens(want, gen, pipe.loaded.tokenizer, args.pte)
+        print(f"{'ok  ' if report is None else 'FAIL'} {prompt!r}: {pipe.decode(gen.ids)!r}"
+              + ("" if report is None else f"\n     {report}"))
+        failures += report is not None
+    print(f"{len(prompts) - failures}/{len(prompts)} prompts equal the {label}")
+    return 1 if failures else 0
+
+
+def cmd_doctor(args) -> int:
+    """Library versions, the hidden torchvision dependency, memory and disk, Pi governor/throttling."""
+    import importlib.util
+
+    import psutil
+
+    from harness.versions import library_versions
+
+    for lib, version in library_versions().items():
+        print(f"{lib:13s} {version}")
+    tv = importlib.util.find_spec("torchvision") is not None
+    print(f"{'torchvision':13s} {'present' if tv else 'absent'} (Gemma 4's processor needs it for images; "
+          "the text path here does not)")
+    mem = psutil.virtual_memory()
+    disk = shutil.disk_usage(Path.cwd())
+    print(f"memory        {mem.available / 2**30:.1f} GiB available of {mem.total / 2**30:.1f} GiB")
+    print(f"disk          {disk.free / 2**30:.1f} GiB free in {Path.cwd()}")
+    model_file = Path("/proc/device-tree/model")
+    if model_file.is_file():
+        print(f"board         {model_file.read_text(errors='replace').strip(chr(0))}")
+    gov = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+    if gov.is_file():
+        g = gov.read_text().strip()
+        print(f"governor      {g}" + ("" if g == "performance" else "  (set 'performance' before benchmarking)"))
+    if shutil.which("vcgencmd"):
+        import subprocess
+
+        out = subprocess.run(["vcgencmd", "get_throttled"], capture_output=True, text=True).stdout.strip()
+        print(f"throttling    {out}")
+    return 0
+
+
 def cmd_goldens_diff(args) -> int:
     from harness.golden_diff import main
 
@@ -155,6 +219,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=9)
     g.add_argument("--ids", action="store_true", help="also print the generated token ids")
     g.set_defaults(func=cmd_generate)
+
+    v = sub.add_parser("verify", help="check a .pte against the goldens")
+    v.add_argument("--pte", required=True)
+    v.add_argument("--model", default="fixture", help="fixture, or a local checkpoint directory")
+    v.add_argument("--recipe", default="8da4w")
+    v.set_defaults(func=cmd_verify)
+
+    doc = sub.add_parser("doctor", help="versions, hidden dependencies, memory, disk, governor, throttling")
+    doc.set_defaults(func=cmd_doctor)
 
     gd = sub.add_parser("goldens", help="goldens: diff against the committed ones")
     gsub = gd.add_subparsers(dest="goldens_command", required=True)

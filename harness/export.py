@@ -67,6 +67,12 @@ def check_call(n_tokens: int, start: int, settings: ExportSettings, vocab_size: 
     """The harness's own guard, before any runtime sees the call."""
     if n_tokens < 1:
         raise HarnessError("empty input: a call needs at least one token", "pass a non-empty prompt")
+    if n_tokens > settings.max_seq:
+        raise HarnessError(
+            f"{n_tokens} tokens in one call exceed the exported maximum of {settings.max_seq} per call "
+            f"(context {settings.max_context})",
+            "shorten the prompt, or re-export with a larger max_context",
+        )
     if start + n_tokens > settings.max_context:
         raise HarnessError(
             f"{start + n_tokens} tokens exceed the exported maximum context of {settings.max_context}",

@@ -1,0 +1,115 @@
+"""ExecuTorch's own LLM runner (the C++ ``TextLLMRunner``, through its Python binding): the way a
+``.pte`` is driven on a device. It reads the program's metadata methods, tokenizes with
+pytorch_tokenizers' C++ ``HFTokenizer``, prefills the prompt in one call (``enable_dynamic_shape``)
+with ``cache_position = arange(start, start + n)``, then decodes one token per call.
+
+What it needs from us, found by running it on the fixture:
+- a ``tokenizer.json`` its HFTokenizer accepts: no ``Split`` pre-tokenizer with ``MergedWithNext``
+  (the fixture has no pre-tokenizer; ``harness.train_fixture`` asserts that is exact);
+- the already chat-templated prompt, ``<bos>`` included: the runner applies no template and its
+  ``num_bos`` is ignored by HFTokenizer without a post-processor;
+- ``import executorch.kernels.quantized`` before loading (``embedding_byte`` for INT8 tables).
+The runner's token callback gives text pieces, not ids; ids are recovered by looking each piece
+up in the tokenizer's vocabulary (exact for whole-token pieces; a piece that is not a vocabulary
+entry raises rather than guessing).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.errors import HarnessError
+
+
+@dataclass
+class RunnerResult:
+    ids: list[int]
+    pieces: list[str]
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def _vocab(tokenizer_json: Path) -> dict[str, int]:
+    spec = json.loads(Path(tokenizer_json).read_text())
+    vocab = dict(spec["model"]["vocab"])
+    vocab.update({t["content"]: t["id"] for t in spec.get("added_tokens", [])})
+    return vocab
+
+
+def runner_tokenizer(tokenizer_json: Path):
+    """The runner's own tokenizer (pytorch_tokenizers' C++ HFTokenizer)."""
+    from pytorch_tokenizers.pytorch_tokenizers_cpp import HFTokenizer
+
+    tok = HFTokenizer()
+    try:
+        tok.load(str(tokenizer_json))
+    except Exception as e:
+        raise HarnessError(f"ExecuTorch's tokenizer cannot load {tokenizer_json} ({e})",
+                           "use a tokenizer.json without a Split(MergedWithNext) pre-tokenizer") from e
+    return tok
+
+
+def runner_encode(tokenizer_json: Path, text: str) -> list[int]:
+    return list(runner_tokenizer(tokenizer_json).encode(text, 0, 0))
+
+
+def runner_decode(tokenizer_json: Path, ids: list[int]) -> str:
+    """Decode with the runner's tokenizer, special tokens kept (``decode(token, skip_special)``)."""
+    tok = runner_tokenizer(tokenizer_json)
+    return "".join(tok.decode(int(i), False) for i in ids)
+
+
+class LLMRunner:
+    """``TextLLMRunner(pte, tokenizer.json)``, greedy, with ids and the runner's own stats."""
+
+    def __init__(self, pte: Path, tokenizer_json: Path):
+        import executorch.kernels.quantized  # noqa: F401  (embedding_byte)
+        from executorch.extension.llm.runner import TextLLMRunner
+
+        from harness.pte import check_header
+
+        check_header(Path(pte))
+        runner_tokenizer(tokenizer_json)  # a clear error before the runner's generic one
+        self.tokenizer_json = Path(tokenizer_json)
+        self.vocab = _vocab(self.tokenizer_json)
+        self.runner = TextLLMRunner(str(pte), str(tokenizer_json))
+
+    def generate(self, templated_prompt: str, max_new_tokens: int = 9) -> RunnerResult:
+        from executorch.extension.llm.runner import GenerationConfig
+
+        self.runner.reset()
+        pieces: list[str] = []
+        stats: list = []
+        config = GenerationConfig(temperature=0.0, echo=False, max_new_tokens=max_new_tokens)
+        self.runner.generate(templated_prompt, config, token_callback=pieces.append, stats_callback=stats.append)
+        ids = []
+        for piece in pieces:
+            key = piece.replace(" ", "\u2581")
+            if key not in self.vocab:
+                raise HarnessError(f"runner piece {piece!r} is not a vocabulary entry",
+                                   "compare text instead for byte-fallback output")
+            ids.append(self.vocab[key])
+        return RunnerResult(ids, pieces, _stats(stats[-1]) if stats else {})
+
+
+def _stats(s) -> dict:
+    """The runner's own C++ timings: prefill/decode tok/s, time to first token, load time."""
+    raw = json.loads(s.to_json_string())
+    scale = raw.get("SCALING_FACTOR_UNITS_PER_SECOND", 1000)
+    first = (s.first_token_ms - s.inference_start_ms) / scale
+    prefill_s = (s.prompt_eval_end_ms - s.inference_start_ms) / scale
+    decode_s = (s.inference_end_ms - s.prompt_eval_end_ms) / scale
+    return {
+        "prompt_tokens": s.num_prompt_tokens,
+        "generated_tokens": s.num_generated_tokens,
+        "ttft_s": first,
+        "prefill_tok_s": s.num_prompt_tokens / prefill_s if prefill_s > 0 else None,
+        "decode_tok_s": s.num_generated_tokens / decode_s if decode_s > 0 else None,
+        "load_s": (s.model_load_end_ms - s.model_load_start_ms) / scale,
+        "raw": raw,
+    }
