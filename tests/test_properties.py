@@ -177,7 +177,14 @@ def test_8da4w_linear_error_stays_within_its_scale_bound(pipeline, x):
     assert bool((err <= bound * 1.001 + 1e-5).all()), f"max excess {float((err - bound).max()):.3e}"
 
 
-TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\u2581"), max_size=60)
+# Any character, plus the ones a Gemma tokenizer treats specially. "\u2581" ("▁") is excluded: it is
+# the tokenizer's own space marker and decodes to " " (Gemma's tokenizer does the same); this
+# property found it, shrunk to the one-character text "▁".
+SPACE_MARKER = "\u2581"
+PIECES = [" ", "  ", "\n", "\t", "<", ">", "|", "<bos>", "<turn|>", "<0x41>", "é", "日本", "🙂", SPACE_MARKER]
+ANY_TEXT = st.lists(st.one_of(st.sampled_from(PIECES), st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)),
+                    max_size=10).map("".join)
+TEXT = ANY_TEXT.filter(lambda t: SPACE_MARKER not in t)
 
 
 @settings(max_examples=60)
@@ -199,5 +206,10 @@ def test_chat_template_round_trips_and_runner_tokenizer_agrees(pipeline, text):
                                         tokenize=False)
     ids = tok.encode(templated, add_special_tokens=False)
     assert tok.decode(ids) == templated
-    assert ids.count(tok.bos_token_id) == 1 and ids[0] == tok.bos_token_id
+    assert ids[0] == tok.bos_token_id
+    # Special-token text typed by a user ("<bos>", "<turn|>") is parsed as the control token, by
+    # transformers and by the runner alike (this property found it: text="<bos>"); only plain text
+    # is guaranteed a single BOS.
+    if not any(special in text for special in tok.all_special_tokens + ["<|turn>", "<turn|>"]):
+        assert ids.count(tok.bos_token_id) == 1
     assert runner_encode(FIXTURE_DIR / "tokenizer.json", templated) == ids
