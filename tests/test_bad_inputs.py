@@ -51,7 +51,7 @@ def test_unknown_recipe():
 def test_prompt_longer_than_the_exported_maximum(pipeline):
     p = pipeline("fp32")
     long_prompt = "What is the capital of France? " * 40
-    with pytest.raises(HarnessError, match="exceed the exported maximum context of 128"):
+    with pytest.raises(HarnessError, match="tokens in one call exceed the exported maximum of 127 per call"):
         p.generate(long_prompt, stage="eager")
 
 
