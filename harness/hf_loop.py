@@ -11,6 +11,16 @@ from __future__ import annotations
 from harness.generate import Generation
 
 
+def cache_kwarg(model) -> str:
+    """transformers renamed ``past_key_values`` to ``cache`` in 5.24. An unknown keyword is
+    swallowed by ``**kwargs``, so passing the wrong one silently runs without a cache: each decode
+    step then attends to itself alone (found by the refresh flow under 5.23.0)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def hf_loop_generate(model, prompt_ids: list[int], max_new_tokens: int, eos_ids=frozenset(),
                      mask: str = "growing") -> Generation:
     import torch
@@ -19,11 +29,12 @@ def hf_loop_generate(model, prompt_ids: list[int], max_new_tokens: int, eos_ids=
     if mask not in ("growing", "single"):
         raise ValueError(mask)
     cache = DynamicCache(config=model.config)
+    kw = cache_kwarg(model)
     n = len(prompt_ids)
     gen = Generation(prompt_ids=list(prompt_ids))
     with torch.no_grad():
         out = model(input_ids=torch.tensor([prompt_ids]), attention_mask=torch.ones(1, n, dtype=torch.long),
-                    cache=cache, use_cache=True)
+                    use_cache=True, **{kw: cache})
         gen.cache_positions.append(0)
         gen.mask_slots.append(n)
         pos = n
@@ -39,7 +50,7 @@ def hf_loop_generate(model, prompt_ids: list[int], max_new_tokens: int, eos_ids=
                 break
             width = pos + 1 if mask == "growing" else 1
             out = model(input_ids=torch.tensor([[nxt]]), attention_mask=torch.ones(1, width, dtype=torch.long),
-                        position_ids=torch.tensor([[pos]]), cache=cache, use_cache=True)
+                        position_ids=torch.tensor([[pos]]), use_cache=True, **{kw: cache})
             gen.cache_positions.append(pos)
             gen.mask_slots.append(width)
             pos += 1
