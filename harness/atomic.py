@@ -28,13 +28,36 @@ def check_writable(path: Path, need_bytes: int = 0) -> None:
             )
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_partials(path: Path) -> list[Path]:
+    """Remove temp files a killed writer left beside ``path`` (their pid is in the name)."""
+    removed = []
+    for tmp in Path(path).resolve().parent.glob(f".{Path(path).name}.*.partial"):
+        parts = tmp.name[len(Path(path).name) + 2:].split(".")
+        if parts and parts[0].isdigit() and not _pid_alive(int(parts[0])):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path, verify: Callable[[Path], None] | None = None) -> Iterator[Path]:
     """Yield a temp path in the target's directory; on success verify it, then rename over
     ``path``. On any failure (or a kill) the target keeps its old content or stays absent."""
     path = Path(path)
     check_writable(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.resolve().parent)
+    sweep_stale_partials(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".partial",
+                               dir=path.resolve().parent)
     os.close(fd)
     tmp = Path(tmp)
     try:

@@ -89,13 +89,35 @@ def _error_lines(stderr: str) -> list[str]:
          "model directory /nonexistent/gemma does not exist"),
         (["export", "--model", "fixture", "--recipe", "int3", "--out", "{tmp}/m.pte"], "unknown recipe 'int3'"),
         (["generate", "--pte", "{tmp}/notes.pte", "--prompt", "hi"], "is not an ExecuTorch program"),
+        (["generate", "--pte", "{tmp}/cut.pte", "--prompt", "hi"], "is a damaged or incompatible .pte"),
+        (["export", "--model", "fixture", "--recipe", "fp32", "--out", "/nonexistent-dir/m.pte"],
+         "output directory /nonexistent-dir does not exist"),
+        (["export", "--model", "fixture", "--recipe", "fp32", "--out", "{tmp}/m.bin"], "does not end in .pte"),
     ],
-    ids=["missing-model-dir", "unknown-recipe", "not-a-pte"],
+    ids=["missing-model-dir", "unknown-recipe", "not-a-pte", "truncated-pte", "unwritable-out", "wrong-suffix"],
 )
-def test_cli_prints_one_line_and_exits_nonzero(tmp_path, args, expected):
+def test_cli_prints_one_line_and_exits_nonzero(pipeline, tmp_path, args, expected):
     (tmp_path / "notes.pte").write_text("these are my notes, not a program\n" * 10)
+    good = pipeline("fp32").pte_path.read_bytes()
+    (tmp_path / "cut.pte").write_bytes(good[: len(good) // 3])
     res = _cli(*[a.replace("{tmp}", str(tmp_path)) for a in args])
     assert res.returncode == 2, res.stderr
     errors = _error_lines(res.stderr)
     assert len(errors) == 1 and expected in errors[0], res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_malformed_golden_file(tmp_path):
+    from harness.goldens import read_json_golden
+
+    bad = tmp_path / "golden.json"
+    bad.write_text('{"ids": [1, 2,')
+    with pytest.raises(HarnessError, match="is malformed JSON.*restore it from git"):
+        read_json_golden(bad)
+
+
+def test_not_enough_free_disk(tmp_path):
+    from harness.atomic import check_writable
+
+    with pytest.raises(HarnessError, match="not enough free disk"):
+        check_writable(tmp_path / "x.pte", need_bytes=1 << 60)
