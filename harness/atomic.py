@@ -60,6 +60,9 @@ def atomic_path(path: Path, verify: Callable[[Path], None] | None = None) -> Ite
                                dir=path.resolve().parent)
     os.close(fd)
     tmp = Path(tmp)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; an exported artifact is an ordinary file
     try:
         yield tmp
         with open(tmp, "rb+") as f:

@@ -6,7 +6,6 @@ Errors the user can fix print one line on stderr and exit 2; ``--debug`` shows t
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import time
@@ -35,9 +34,13 @@ def _fmt_bytes(n: int | None) -> str:
 
 def cmd_demo(args) -> int:
     """The main job: load → quantize → export → lower → .pte → generate → verify, on the fixture."""
-    from harness.pipeline import Pipeline
+    from harness.atomic import check_writable
     from harness.export import ExportSettings
+    from harness.pipeline import Pipeline, StageRecord
+    from harness.pte import write_pte
 
+    if args.out:
+        check_writable(Path(args.out))
     pipe = Pipeline(args.model, args.recipe, ExportSettings(max_context=args.max_context), progress=_progress)
     pipe.loaded
     pipe.quantized
@@ -47,7 +50,7 @@ def cmd_demo(args) -> int:
     answer = pipe.decode(gen.ids)
     t0 = time.time()
     reference = pipe.hf_generate(args.prompt, max_new_tokens=args.max_new_tokens)
-    pipe.records["verify (HF generate, FP32)"] = type(pipe.records["load"])(time.time() - t0, None)
+    pipe.records["verify (HF generate, FP32)"] = StageRecord(time.time() - t0, None)
     print(f"model:   {pipe.loaded.name} ({pipe.loaded.param_count():,} parameters)")
     print(f"recipe:  {pipe.recipe.name}: {pipe.recipe.description}")
     print(f"prompt:  {args.prompt}")
@@ -71,7 +74,7 @@ def cmd_demo(args) -> int:
         return 1
     print("\nverify: the .pte answer equals HF generate (FP32), token for token")
     if args.out:
-        shutil.copyfile(pipe.pte_path, args.out)
+        write_pte(pipe.pte_path.read_bytes(), Path(args.out))
     return 0
 
 
@@ -128,23 +131,22 @@ def cmd_verify(args) -> int:
     from harness.pipeline import Pipeline
     from harness.pte import PteRunner
 
+    from harness.generate import greedy
+
     runner = PteRunner(Path(args.pte))
+    meta = runner.metadata()
+    eos = meta["get_eos_ids"] if isinstance(meta["get_eos_ids"], list) else [meta["get_eos_ids"]]
     pipe = Pipeline(args.model, args.recipe)
-    step = runner.step
     failures = 0
     prompts = committed_prompts() if args.model == "fixture" else [DEFAULT_PROMPT]
+    label = "golden" if args.model == "fixture" else "HF generate"
     for prompt in prompts:
-        from harness.generate import greedy
-        from harness.pipeline import eos_ids
-
-        gen = greedy(step, pipe.prompt_ids(prompt), 9, eos_ids=frozenset(eos_ids(pipe.loaded)),
-                     max_context=pipe.settings.max_context, vocab_size=pipe.loaded.config.vocab_size)
+        gen = greedy(runner.step, pipe.prompt_ids(prompt), 9, eos_ids=frozenset(eos),
+                     max_context=int(meta["get_max_context_len"]), vocab_size=int(meta["get_vocab_size"]))
         if args.model == "fixture":
             want = read_json_golden(golden_path(pipe.recipe.name, "pte", prompt))["ids"]
-            label = "golden"
         else:
             want = pipe.hf_generate(prompt)
-            label = "HF generate"
         report = check_tokens(want, gen, pipe.loaded.tokenizer, args.pte)
         print(f"{'ok  ' if report is None else 'FAIL'} {prompt!r}: {pipe.decode(gen.ids)!r}"
               + ("" if report is None else f"\n     {report}"))

@@ -4,8 +4,6 @@ before and after. Run it after an upgrade, before deciding on ``--snapshot-updat
 
 from __future__ import annotations
 
-import json
-
 from harness.errors import HarnessError
 from harness.goldens import (
     GOLDENS_DIR, PROVENANCE, STAGES, check_tokens, current_provenance, explain, provenance_diff,

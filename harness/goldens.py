@@ -21,11 +21,6 @@ STAGES = ("hf_generate", "eager", "exported", "pte")
 TOP_K = 5
 
 
-def stage_chain(recipes: list[str]) -> list[tuple[str, str]]:
-    """The order stages are compared in: each stage against the one before it."""
-    return [(r, s) for r in recipes for s in STAGES]
-
-
 def predecessor(recipe: str, stage: str) -> tuple[str, str] | None:
     """The stage whose output this one must reproduce: the previous stage of the same recipe, and
     for a quantized recipe's first stage, the FP32 recipe's first stage (the quantize step)."""

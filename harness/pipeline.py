@@ -8,7 +8,7 @@ job's per-stage table.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
 
@@ -122,7 +122,6 @@ class Pipeline:
             self.progress(f"exporting {self.loaded.name} [{self.recipe.name}] with torch.export ...")
             t0 = time.time()
             ep = export_program(self.quantized, self.settings)
-            self._fresh_ep = ep
             save_pt2(ep, path)
             return {"export_seconds": round(time.time() - t0, 2)}
 
@@ -217,9 +216,10 @@ class Pipeline:
         return gen
 
     def hf_generate(self, prompt: str | list[int], max_new_tokens: int = 9, quantized: bool = False) -> list[int]:
+        """Token ids from transformers' generate on the FP32 model (or the recipe's, if asked)."""
         return self.hf_run(prompt, max_new_tokens, quantized).ids
 
-    def hf_run(self, prompt: str | list[int], max_new_tokens: int = 9, quantized: bool = True) -> Generation:
+    def hf_run(self, prompt: str | list[int], max_new_tokens: int = 9, quantized: bool = False) -> Generation:
         """transformers' own ``generate`` (greedy) on the FP32 or the recipe's model, with logits."""
         import torch
 
@@ -240,7 +240,7 @@ class Pipeline:
         """One golden stage: ``hf_generate`` (transformers on this recipe's model), ``eager``
         (the export wrapper, eagerly), ``exported`` (the reloaded .pt2) or ``pte``."""
         if stage == "hf_generate":
-            return self.hf_run(prompt, max_new_tokens, quantized=True)
+            return self.hf_run(prompt, max_new_tokens, quantized=True)  # this recipe's model
         return self.generate(prompt, stage=stage, max_new_tokens=max_new_tokens)
 
     def decode(self, ids: list[int]) -> str:
@@ -260,10 +260,17 @@ def encode_prompt(tokenizer, prompt: str) -> list[int]:
 
 
 def _param_bytes(model) -> int:
-    total = 0
+    """Bytes the model's tensors hold: a torchao quantized weight counts its inner tensors
+    (INT8/INT4 codes, scales, zero points), not its logical FP32 shape; tied weights once."""
+    total, seen = 0, set()
     for t in list(model.parameters()) + list(model.buffers()):
-        try:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        names = getattr(t, "tensor_data_names", None)
+        if names:
+            total += sum(getattr(t, n).numel() * getattr(t, n).element_size() for n in names
+                         if getattr(t, n, None) is not None)
+        else:
             total += t.numel() * t.element_size()
-        except Exception:
-            total += t.numel() * 4
     return total

@@ -56,8 +56,7 @@ def load_pt2(path: Path):
 
 
 def verify_pt2(path: Path) -> None:
-    check_zip(path)
-    load_pt2(path)
+    load_pt2(path)  # checks the zip central directory, then reloads the program
 
 
 def save_pt2(ep, path: Path, writer=None) -> Path:

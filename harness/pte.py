@@ -80,9 +80,10 @@ class PteRunner:
                 continue
             try:
                 values = list(self.program.load_method(name).execute([]))
-                out[name] = values[0] if len(values) == 1 else values
-            except Exception as e:  # a constant method that fails to run is reported, not hidden
-                out[name] = f"error: {e}"
+            except Exception as e:
+                raise HarnessError(f"{self.path}: metadata method {name} failed ({e})",
+                                   "re-export the .pte with: harness export") from e
+            out[name] = values[0] if len(values) == 1 else values
         return out
 
     def step(self, input_ids, cache_position):

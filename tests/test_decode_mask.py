@@ -47,6 +47,7 @@ def test_hand_written_loop_with_growing_mask_matches_goldens(pipeline, golden_to
     for prompt in FIXTURE_PROMPTS:
         with AttentionProbe(model) as probe:
             gen = hf_loop_generate(model, p.prompt_ids(prompt), 9, frozenset(eos_ids(p.loaded)), mask="growing")
+        assert len(probe.decode_steps()) == len(gen.cache_positions) - 1 > 0
         assert _mask_errors(probe, gen.cache_positions[1:], model.config.sliding_window) == []
         assert check_tokens(golden_tokens_for("fp32", "hf_generate", prompt), gen, tok, "hf loop") is None
 

@@ -7,14 +7,12 @@ import pytest
 pytestmark = pytest.mark.mac
 
 
-def test_decode_positions_and_mask_grow_one_slot_per_step(pipeline):
+def test_decode_positions_grow_one_slot_per_step(pipeline):
     p = pipeline("fp32")
     ids = p.prompt_ids("What is the capital of France?")
     gen = p.generate(ids, stage="eager", max_new_tokens=9)
     n = len(ids)
     assert gen.cache_positions == [0] + list(range(n, n + len(gen.ids) - 1))
-    assert gen.mask_slots == [n] + [pos + 1 for pos in gen.cache_positions[1:]]
-    assert all(b - a == 1 for a, b in zip(gen.mask_slots, gen.mask_slots[1:]))
 
 
 def test_generation_stops_at_end_of_turn(pipeline):

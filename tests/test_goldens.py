@@ -29,7 +29,6 @@ def test_token_golden(golden_tokens, stage_runs, pipeline, recipe, stage, prompt
     gen = stage_runs(recipe, stage, prompt)
     tok = pipeline(recipe).loaded.tokenizer
     record = token_record(gen.ids, tok)
-    assert len(record["ids"]) <= 9
     assert golden_tokens == record, (
         f"{recipe}:{stage} changed its answer to {prompt!r}: "
         + explain(recipe, stage, stage_runs.chain(prompt), tok)

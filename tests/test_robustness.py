@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from harness.atomic import write_bytes_atomic
 
 pytestmark = pytest.mark.mac
@@ -26,6 +27,7 @@ SLOW_WRITER = textwrap.dedent("""
     target = Path(sys.argv[1])
     with atomic_path(target) as tmp:
         with open(tmp, "wb") as f:
+            print("writing", flush=True)
             for i in range(200):
                 f.write(bytes([i % 251]) * (256 * 1024))
                 f.flush()
@@ -34,18 +36,19 @@ SLOW_WRITER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("kill_after", [0.05, 0.3, 0.6, 0.9])
+@pytest.mark.parametrize("kill_after", [0.0, 0.3, 0.6, 0.9])
 @pytest.mark.parametrize("had_old", [True, False], ids=["over-old-file", "no-old-file"])
 def test_a_killed_write_leaves_the_old_file_or_none(tmp_path, kill_after, had_old):
     target = tmp_path / "model.pte"
     if had_old:
         target.write_bytes(b"old artifact")
-    child = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(target)], stdout=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(target)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "writing"  # the kill lands inside the write
     time.sleep(kill_after)
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=30)
     partials = list(tmp_path.glob(".model.pte.*.partial"))
-    if kill_after in (0.3, 0.6):
+    if kill_after < 0.9:  # the write takes at least 1 s (200 x 5 ms sleeps)
         assert partials, "the writer should have been killed mid-write (no partial temp file found)"
     if target.exists():
         data = target.read_bytes()
@@ -77,7 +80,7 @@ FUZZ_CHILD = textwrap.dedent("""
 """)
 
 
-@settings(max_examples=3)
+@settings(max_examples=examples(3))
 @given(cases=st.lists(
     st.one_of(
         st.tuples(st.just("truncate"), st.floats(0, 0.999)),
