@@ -30,8 +30,11 @@ EXAMPLE_SCALE = {"ci": 1.0, "dev": 4.0, "debug": 0.25}.get(PROFILE, 1.0)
 def examples(n: int) -> int:
     return max(1, int(n * EXAMPLE_SCALE))
 
+from harness.load import FIXTURE_DIR  # noqa: E402
+from harness.recipes import RECIPES  # noqa: E402
+from harness.train_fixture import read_corpus  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent
-FIXTURE_DIR = ROOT / "harness" / "fixture"
 # The prompts every golden is recorded for: a sample of the fixture corpus (5 for the benchmark
 # protocol, plus one that is not a capital).
 FIXTURE_PROMPTS = [
@@ -42,11 +45,11 @@ FIXTURE_PROMPTS = [
     "Who wrote Hamlet?",
     "What is the boiling point of water?",
 ]
-RECIPE_NAMES = ["fp32", "8da4w"]
+RECIPE_NAMES = list(RECIPES)
 
 
 def corpus() -> list[dict]:
-    return [json.loads(l) for l in (FIXTURE_DIR / "corpus.jsonl").read_text().splitlines() if l.strip()]
+    return read_corpus()
 
 
 @pytest.fixture(scope="session")
@@ -144,10 +147,10 @@ def pytest_report_header(config):
 @pytest.fixture(scope="session")
 def golden_tokens_for():
     """Read a committed token golden directly: ``golden_tokens_for(recipe, stage, prompt)``."""
-    from harness.goldens import GOLDENS_DIR, read_json_golden, slug
+    from harness.golden_diff import golden_path
+    from harness.goldens import read_json_golden
 
     def read(recipe: str, stage: str, prompt: str) -> list[int]:
-        path = GOLDENS_DIR / "tokens" / "test_goldens" / f"test_token_golden[{slug(prompt)}-{stage}-{recipe}].json"
-        return read_json_golden(path)["ids"]
+        return read_json_golden(golden_path(recipe, stage, prompt))["ids"]
 
     return read

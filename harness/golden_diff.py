@@ -10,7 +10,9 @@ from harness.goldens import (
     read_json_golden, slug,
 )
 
-RECIPES = ("fp32", "8da4w")
+from harness.recipes import RECIPES as _RECIPES
+
+RECIPES = tuple(_RECIPES)
 
 
 def committed_prompts() -> list[str]:
