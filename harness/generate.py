@@ -3,8 +3,8 @@
 ``step(input_ids[1, s], cache_position[s]) -> logits[1, s, V]`` is the exported program's
 signature; the eager wrapper, the ExportedProgram and the ``.pte`` all provide it. Prefill feeds
 the whole prompt in one call; each decode step feeds one token at ``cache_position = [p]``, so
-the attention admits exactly ``p + 1`` cache slots (``Generation.mask_slots`` records that
-growth, one slot per step). Generation stops after an EOS id (kept in the output, as
+the attention admits exactly ``p + 1`` cache slots (``harness.attention_probe`` observes that
+inside the model). Generation stops after an EOS id (kept in the output, as
 ``model.generate`` does) or after ``max_new_tokens``.
 """
 
@@ -23,7 +23,6 @@ class Generation:
     step_logits: list = field(default_factory=list)  # [V] float tensor per generated token
     prefill_logits: object = None  # [n, V]: every prompt position
     cache_positions: list[int] = field(default_factory=list)  # position of each call's first token
-    mask_slots: list[int] = field(default_factory=list)  # slots the last query may attend to
     stopped_on_eos: bool = False
 
 
@@ -59,7 +58,6 @@ def greedy(
     with torch.no_grad():
         logits = step(torch.tensor([prompt_ids], dtype=torch.long), torch.arange(n, dtype=torch.long))
         gen.cache_positions.append(0)
-        gen.mask_slots.append(n)
         if keep_prefill_logits:
             gen.prefill_logits = logits[0].clone()
         pos = n
@@ -75,6 +73,5 @@ def greedy(
                 break
             logits = step(torch.tensor([[nxt]], dtype=torch.long), torch.tensor([pos], dtype=torch.long))
             gen.cache_positions.append(pos)
-            gen.mask_slots.append(pos + 1)
             pos += 1
     return gen

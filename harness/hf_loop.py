@@ -8,7 +8,7 @@ attends to one slot instead of the whole cache.
 
 from __future__ import annotations
 
-from harness.generate import Generation
+from harness.generate import Generation, greedy
 
 
 def cache_kwarg(model) -> str:
@@ -30,28 +30,12 @@ def hf_loop_generate(model, prompt_ids: list[int], max_new_tokens: int, eos_ids=
         raise ValueError(mask)
     cache = DynamicCache(config=model.config)
     kw = cache_kwarg(model)
-    n = len(prompt_ids)
-    gen = Generation(prompt_ids=list(prompt_ids))
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor([prompt_ids]), attention_mask=torch.ones(1, n, dtype=torch.long),
-                    use_cache=True, **{kw: cache})
-        gen.cache_positions.append(0)
-        gen.mask_slots.append(n)
-        pos = n
-        for i in range(max_new_tokens):
-            last = out.logits[0, -1].clone()
-            nxt = int(last.argmax())
-            gen.ids.append(nxt)
-            gen.step_logits.append(last)
-            if nxt in eos_ids:
-                gen.stopped_on_eos = True
-                break
-            if i == max_new_tokens - 1:
-                break
-            width = pos + 1 if mask == "growing" else 1
-            out = model(input_ids=torch.tensor([[nxt]]), attention_mask=torch.ones(1, width, dtype=torch.long),
-                        position_ids=torch.tensor([[pos]]), use_cache=True, **{kw: cache})
-            gen.cache_positions.append(pos)
-            gen.mask_slots.append(width)
-            pos += 1
-    return gen
+
+    def step(ids, cache_position):
+        end = int(cache_position[-1]) + 1
+        decode = ids.shape[1] == 1 and end > 1
+        width = 1 if (decode and mask == "single") else end
+        return model(input_ids=ids, attention_mask=torch.ones(1, width, dtype=torch.long),
+                     position_ids=cache_position[None], use_cache=True, **{kw: cache}).logits
+
+    return greedy(step, list(prompt_ids), max_new_tokens, eos_ids=eos_ids)

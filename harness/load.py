@@ -88,12 +88,10 @@ def check_model_dir(directory: Path) -> None:
 
 def load_fixture(directory: Path = FIXTURE_DIR) -> LoadedModel:
     """The committed, trained tiny Gemma 4 (see harness/fixture/MODEL_CARD.md)."""
-    loaded = load_directory(directory, name="fixture")
-    loaded.identity = sha256_file(directory / "model.safetensors")
-    return loaded
+    return load_directory(directory, name="fixture", identity=sha256_file(directory / "model.safetensors"))
 
 
-def load_directory(directory: Path, name: str | None = None) -> LoadedModel:
+def load_directory(directory: Path, name: str | None = None, identity: str | None = None) -> LoadedModel:
     """A local checkpoint: a Gemma4ForCausalLM directory, or a full Gemma 4 (multimodal) snapshot
     whose text decoder is extracted without loading the vision/audio towers."""
     import torch
@@ -120,7 +118,7 @@ def load_directory(directory: Path, name: str | None = None) -> LoadedModel:
         model=model,
         tokenizer=tokenizer,
         name=name or str(directory),
-        identity=_dir_identity(directory),
+        identity=identity or _dir_identity(directory),
         directory=directory,
     )
 

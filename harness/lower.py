@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 
 from harness.recipes import Recipe
 
-# Graph plumbing that is not a kernel at run time.
-_NOT_OPS = {"getitem", "executorch_call_delegate"}
 
 
 @dataclass
@@ -47,8 +45,7 @@ def op_report(graph_module) -> LowerReport:
         if "executorch_call_delegate" in name:
             delegated += 1
             continue
-        short = name.split(".")[0] if name.startswith("aten") else name
-        if short in _NOT_OPS or name in _NOT_OPS or "getitem" in name:
+        if "getitem" in name:  # tuple plumbing, not a kernel
             continue
         portable[op_name(node.target)] += 1
     return LowerReport(delegated, dict(sorted(portable.items(), key=lambda kv: -kv[1])))
