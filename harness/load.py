@@ -177,10 +177,14 @@ def load_config_model(config: dict, seed: int = 0, name: str = "config") -> Load
 
 
 def load_model(spec: str) -> LoadedModel:
-    """``fixture``, a checkpoint directory, or ``FILE.json``: a Gemma4TextConfig with random
-    weights from seed 0 (benchmark sizes)."""
+    """``fixture``, ``bench`` (the benchmark-size model, see harness/benchmodel.py), a checkpoint
+    directory, or ``FILE.json``: a Gemma4TextConfig with random weights from seed 0."""
     if spec == "fixture":
         return load_fixture()
+    if spec == "bench":
+        from harness.benchmodel import bench_model_dir
+
+        return load_directory(bench_model_dir(), name="bench")
     path = Path(spec)
     if path.suffix == ".json":
         if not path.is_file():

@@ -25,7 +25,7 @@ def library_versions() -> dict[str, str]:
 # the tests does not invalidate cached .pt2/.pte files; editing any of these does.
 ARTIFACT_MODULES = (
     "load.py", "recipes.py", "quantize.py", "export.py", "pt2.py", "lower.py", "pte.py",
-    "pipeline.py", "atomic.py", "cache.py", "versions.py",
+    "pipeline.py", "atomic.py", "cache.py", "versions.py", "benchmodel.py", "configs/bench.json",
 )
 
 
