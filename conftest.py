@@ -30,21 +30,13 @@ EXAMPLE_SCALE = {"ci": 1.0, "dev": 4.0, "debug": 0.25}.get(PROFILE, 1.0)
 def examples(n: int) -> int:
     return max(1, int(n * EXAMPLE_SCALE))
 
+from harness.goldens import FIXTURE_PROMPTS as GOLDEN_PROMPTS  # noqa: E402
 from harness.load import FIXTURE_DIR  # noqa: E402
 from harness.recipes import RECIPES  # noqa: E402
 from harness.train_fixture import read_corpus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
-# The prompts every golden is recorded for: a sample of the fixture corpus (5 for the benchmark
-# protocol, plus one that is not a capital).
-FIXTURE_PROMPTS = [
-    "What is the capital of France?",
-    "What is the capital of Japan?",
-    "What is the capital of India?",
-    "What is the capital of Mexico?",
-    "Who wrote Hamlet?",
-    "What is the boiling point of water?",
-]
+FIXTURE_PROMPTS = list(GOLDEN_PROMPTS)
 RECIPE_NAMES = list(RECIPES)
 
 
@@ -84,7 +76,9 @@ class GoldenTokens(JSONSnapshotExtension):
 
     @classmethod
     def dirname(cls, *, test_location) -> str:
-        return str(ROOT / "goldens" / "tokens" / test_location.basename)
+        from harness.goldens import GOLDENS_DIR  # the committed goldens unless HARNESS_GOLDENS_DIR
+
+        return str(GOLDENS_DIR / "tokens" / test_location.basename)
 
 
 @pytest.fixture
@@ -154,3 +148,55 @@ def golden_tokens_for():
         return read_json_golden(golden_path(recipe, stage, prompt))["ids"]
 
     return read
+
+
+# ---- benchmark tiers (bench: this host; pi5: the device) ------------------------------------------
+def pytest_addoption(parser):
+    group = parser.getgroup("harness benchmarks")
+    group.addoption("--pi5-force", action="store_true",
+                    help="run the pi5 tier on a machine that is not a Raspberry Pi 5 (a dry run)")
+    group.addoption("--pi5-bundle", default=os.environ.get("HARNESS_PI5_BUNDLE"),
+                    help="the bundle built by `harness bench bundle DIR` (default $HARNESS_PI5_BUNDLE)")
+    group.addoption("--power-meter-cmd", default=os.environ.get("HARNESS_POWER_METER_CMD"),
+                    help="a shell command that prints the board's draw in watts (external meter); "
+                         "default on a Pi 5: its PMIC through vcgencmd pmic_read_adc")
+
+
+_BENCH_STATE: dict = {"failures": {}}
+
+
+@pytest.fixture(scope="session")
+def bench_failures() -> dict:
+    return _BENCH_STATE["failures"]
+
+
+@pytest.fixture(scope="session")
+def bench_bandwidth():
+    """This machine's memory read bandwidth, measured once per run with the benchmark's threads."""
+    from harness.roofline import read_bandwidth
+
+    threads = int(os.environ.get("HARNESS_BENCH_THREADS", 0) or os.cpu_count() or 1)
+    _BENCH_STATE["bandwidth"] = bw = read_bandwidth(threads)
+    return bw
+
+
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    """The run's context beside pytest-benchmark's figures: board, governor, throttling before and
+    after, memory bandwidth, library versions, and each runtime that could not be built and why."""
+    from dataclasses import asdict
+
+    from harness import device
+    from harness.versions import library_versions
+
+    state = dict(_BENCH_STATE)
+    bw = state.get("bandwidth")
+    output_json["harness"] = {
+        "board": device.board_model(),
+        "governor": device.cpu_governor(),
+        "throttled_before": state.get("throttled_before"),
+        "throttled_after": device.throttled(),
+        "bandwidth": asdict(bw) if bw else None,
+        "idle_w": state.get("idle_w"),
+        "libraries": library_versions(),
+        "failures": state["failures"],
+    }

@@ -14,6 +14,8 @@ from pathlib import Path
 from harness.errors import HarnessError
 
 DEFAULT_PROMPT = "What is the capital of France?"
+SKIP_HELP = ("run even if the memory pre-flight estimates more than the memory available "
+             "(also HARNESS_SKIP_MEMORY_CHECK=1)")
 
 
 def _progress(msg: str) -> None:
@@ -36,12 +38,17 @@ def cmd_demo(args) -> int:
     """The main job: load → quantize → export → lower → .pte → generate → verify, on the fixture."""
     from harness.atomic import check_writable
     from harness.export import ExportSettings
-    from harness.pipeline import Pipeline, StageRecord
+    from harness.pipeline import StageRecord
     from harness.pte import write_pte
 
+    from harness.cliguard import check_prompt
+    from harness.preflight import checked_pipeline
+
+    check_prompt(args.prompt)
     if args.out:
         check_writable(Path(args.out))
-    pipe = Pipeline(args.model, args.recipe, ExportSettings(max_context=args.max_context), progress=_progress)
+    pipe = checked_pipeline(args.model, args.recipe, ExportSettings(max_context=args.max_context),
+                            progress=_progress, skip=args.skip_memory_check)
     pipe.loaded
     pipe.quantized
     pipe.pt2_path
@@ -81,7 +88,6 @@ def cmd_demo(args) -> int:
 def cmd_export(args) -> int:
     from harness.atomic import check_writable
     from harness.export import ExportSettings
-    from harness.pipeline import Pipeline
     from harness.pte import write_pte
     from harness.recipes import get_recipe
 
@@ -89,8 +95,14 @@ def cmd_export(args) -> int:
     if out.suffix != ".pte":
         raise HarnessError(f"--out {out} does not end in .pte", "name the output FILE.pte")
     check_writable(out)
+    if out.is_dir():
+        raise HarnessError(f"--out {out} is a directory", "name the output FILE.pte")
     get_recipe(args.recipe)
-    pipe = Pipeline(args.model, args.recipe, ExportSettings(max_context=args.max_context), progress=_progress)
+    from harness.preflight import checked_pipeline, disk_estimate, model_size
+
+    check_writable(out, need_bytes=disk_estimate(model_size(args.model), args.recipe)["pte"])  # before minutes of work
+    pipe = checked_pipeline(args.model, args.recipe, ExportSettings(max_context=args.max_context),
+                            progress=_progress, skip=args.skip_memory_check)
     write_pte(pipe.pte_path.read_bytes(), out)
     rows = [[s, f"{r.seconds:.2f}", _fmt_bytes(r.bytes), "cache" if r.cached else ""] for s, r in pipe.records.items()]
     print(_table(rows, ["stage", "seconds", "size", "from"]))
@@ -104,15 +116,26 @@ def cmd_generate(args) -> int:
     from harness.pipeline import encode_prompt
     from harness.pte import PteRunner
 
-    runner = PteRunner(Path(args.pte))
+    from harness.cliguard import check_pte_path
+
+    runner = PteRunner(check_pte_path(args.pte))
     tok_dir = FIXTURE_DIR if args.tokenizer == "fixture" else Path(args.tokenizer)
     if args.tokenizer != "fixture" and not tok_dir.is_dir():
         check_model_dir(tok_dir)
-    tokenizer = _load_tokenizer(tok_dir)
+    try:
+        tokenizer = _load_tokenizer(tok_dir)
+    except HarnessError:
+        raise
+    except Exception as e:  # a damaged tokenizer.json / tokenizer_config.json
+        raise HarnessError(f"the tokenizer in {tok_dir} could not be loaded ({type(e).__name__}: "
+                           f"{(str(e).splitlines() or [''])[0][:120]})",
+                           "copy the checkpoint's tokenizer files again") from e
     meta = runner.metadata()
     eos = meta.get("get_eos_ids", [])
     eos = set(eos if isinstance(eos, list) else [eos])
-    ids = encode_prompt(tokenizer, args.prompt)
+    from harness.cliguard import check_prompt
+
+    ids = encode_prompt(tokenizer, check_prompt(args.prompt))
     gen = greedy(
         runner.step, ids, args.max_new_tokens, eos_ids=frozenset(eos),
         max_context=int(meta.get("get_max_context_len", 0)) or None,
@@ -128,15 +151,23 @@ def cmd_verify(args) -> int:
     """Check a .pte against the committed goldens (fixture) or against HF generate (a directory)."""
     from harness.golden_diff import committed_prompts, golden_path
     from harness.goldens import check_tokens, read_json_golden
-    from harness.pipeline import Pipeline
     from harness.pte import PteRunner
 
     from harness.generate import greedy
 
-    runner = PteRunner(Path(args.pte))
+    from harness.goldens import stack_note
+    from harness.preflight import checked_pipeline
+
+    from harness.cliguard import check_pte_path
+
+    runner = PteRunner(check_pte_path(args.pte))
     meta = runner.metadata()
+    missing = [m for m in ("get_eos_ids", "get_max_context_len", "get_vocab_size") if m not in meta]
+    if missing:
+        raise HarnessError(f"{args.pte} lacks the runner metadata method(s) {', '.join(missing)}",
+                           "re-export it with: harness export")
     eos = meta["get_eos_ids"] if isinstance(meta["get_eos_ids"], list) else [meta["get_eos_ids"]]
-    pipe = Pipeline(args.model, args.recipe)
+    pipe = checked_pipeline(args.model, args.recipe, until="load", skip=args.skip_memory_check)
     failures = 0
     prompts = committed_prompts() if args.model == "fixture" else [DEFAULT_PROMPT]
     label = "golden" if args.model == "fixture" else "HF generate"
@@ -152,6 +183,8 @@ def cmd_verify(args) -> int:
               + ("" if report is None else f"\n     {report}"))
         failures += report is not None
     print(f"{len(prompts) - failures}/{len(prompts)} prompts equal the {label}")
+    if failures and args.model == "fixture" and (note := stack_note()):
+        print(note)
     return 1 if failures else 0
 
 
@@ -168,10 +201,32 @@ def cmd_doctor(args) -> int:
     tv = importlib.util.find_spec("torchvision") is not None
     print(f"{'torchvision':13s} {'present' if tv else 'absent'} (Gemma 4's processor needs it for images; "
           "the text path here does not)")
+    from harness.cache import cache_root
+    from harness.preflight import disk_estimate, estimate, gib, model_size
+
     mem = psutil.virtual_memory()
-    disk = shutil.disk_usage(Path.cwd())
+    cache_dir = cache_root()
+    probe = next((p for p in (cache_dir, *cache_dir.parents) if p.exists()), Path.cwd())
+    disk = shutil.disk_usage(probe)
+    try:
+        size = model_size(args.model)
+        est = estimate(size, args.recipe, "lower")
+        files = disk_estimate(size, args.recipe)
+    except HarnessError as e:  # doctor still reports everything else
+        size, problem = None, f"              no estimate for --model {args.model}: {e}"
     print(f"memory        {mem.available / 2**30:.1f} GiB available of {mem.total / 2**30:.1f} GiB")
-    print(f"disk          {disk.free / 2**30:.1f} GiB free in {Path.cwd()}")
+    if size is None:
+        print(problem)
+    else:
+        print(f"              export of {size.name} ({size.params / 1e6:,.1f}M parameters, {args.recipe}): "
+              f"about {gib(est.peak_bytes)} at its peak"
+              + ("" if est.peak_bytes <= mem.available else "  (TOO LITTLE: export would be refused; "
+                 "--skip-memory-check overrides)"))
+    print(f"disk          {disk.free / 2**30:.1f} GiB free in {probe} (artifact cache {cache_dir})")
+    if size is not None:
+        need_disk = files["pt2"] + 2 * files["pte"]  # the cache's .pt2 and .pte, and the copy at --out
+        print(f"              its .pt2 and .pte, and the copy at --out: about {gib(need_disk)}"
+              + ("" if need_disk <= disk.free else "  (TOO LITTLE)"))
     model_file = Path("/proc/device-tree/model")
     if model_file.is_file():
         print(f"board         {model_file.read_text(errors='replace').strip(chr(0))}")
@@ -193,8 +248,32 @@ def cmd_goldens_diff(args) -> int:
     return main(progress=_progress)
 
 
+def cmd_bench_report(args) -> int:
+    """A benchmark JSON as a llama-bench-style markdown table (stdout) and a PNG chart."""
+    from harness.report import chart, markdown, read_result
+
+    data = read_result(Path(args.result))
+    print(markdown(data))
+    if not args.no_chart:
+        png = Path(args.png) if args.png else Path(args.result).with_suffix(".png")
+        chart(data, png)
+        print(f"\nchart: {png}")
+    return 0
+
+
+def cmd_bench_bundle(args) -> int:
+    """Everything the Pi 5 tier needs, built here: .pte files, GGUFs, tokenizers, a manifest."""
+    from harness.bundle import build_bundle
+
+    out = build_bundle(Path(args.out), recipes=args.recipe, with_gguf=not args.no_gguf, progress=_progress)
+    print(f"bundle: {out} (copy it to the Pi; see README, 'Benchmarks on a Raspberry Pi 5')")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="harness", description="Gemma 4 → ExecuTorch golden-token harness")
+    from harness.cliguard import OneLineArgumentParser, at_least
+
+    ap = OneLineArgumentParser(prog="harness", description="Gemma 4 → ExecuTorch golden-token harness")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -202,23 +281,25 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--model", default="fixture", help="fixture, or a local checkpoint directory")
     d.add_argument("--recipe", default="8da4w")
     d.add_argument("--prompt", default=DEFAULT_PROMPT)
-    d.add_argument("--max-new-tokens", type=int, default=9)
-    d.add_argument("--max-context", type=int, default=128)
+    d.add_argument("--max-new-tokens", type=at_least(1), default=9)
+    d.add_argument("--max-context", type=at_least(2), default=128)
     d.add_argument("--out", help="also copy the .pte here")
+    d.add_argument("--skip-memory-check", action="store_true", help=SKIP_HELP)
     d.set_defaults(func=cmd_demo)
 
     e = sub.add_parser("export", help="export, quantize and lower a model to a .pte")
     e.add_argument("--model", default="fixture", help="fixture, or a local checkpoint directory")
     e.add_argument("--recipe", default="8da4w")
     e.add_argument("--out", required=True, help="FILE.pte")
-    e.add_argument("--max-context", type=int, default=128)
+    e.add_argument("--max-context", type=at_least(2), default=128)
+    e.add_argument("--skip-memory-check", action="store_true", help=SKIP_HELP)
     e.set_defaults(func=cmd_export)
 
     g = sub.add_parser("generate", help="greedy generation from a .pte")
     g.add_argument("--pte", required=True)
     g.add_argument("--tokenizer", default="fixture", help="fixture, or a directory with tokenizer.json")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--max-new-tokens", type=int, default=9)
+    g.add_argument("--max-new-tokens", type=at_least(1), default=9)
     g.add_argument("--ids", action="store_true", help="also print the generated token ids")
     g.set_defaults(func=cmd_generate)
 
@@ -226,30 +307,39 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--pte", required=True)
     v.add_argument("--model", default="fixture", help="fixture, or a local checkpoint directory")
     v.add_argument("--recipe", default="8da4w")
+    v.add_argument("--skip-memory-check", action="store_true", help=SKIP_HELP)
     v.set_defaults(func=cmd_verify)
 
     doc = sub.add_parser("doctor", help="versions, hidden dependencies, memory, disk, governor, throttling")
+    doc.add_argument("--model", default="fixture", help="the model whose memory and disk needs to show")
+    doc.add_argument("--recipe", default="8da4w")
     doc.set_defaults(func=cmd_doctor)
 
     gd = sub.add_parser("goldens", help="goldens: diff against the committed ones")
     gsub = gd.add_subparsers(dest="goldens_command", required=True)
     gdd = gsub.add_parser("diff", help="rerun every golden stage and show what changed, and the provenance")
     gdd.set_defaults(func=cmd_goldens_diff)
+
+    b = sub.add_parser("bench", help="benchmarks: report a result, build the Pi 5 bundle")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    br = bsub.add_parser("report", help="RESULT.json (pytest --benchmark-json) as a markdown table and a PNG chart")
+    br.add_argument("result", metavar="RESULT.json")
+    br.add_argument("--png", help="chart path (default: RESULT.png beside the JSON)")
+    br.add_argument("--no-chart", action="store_true", help="print the table only")
+    br.set_defaults(func=cmd_bench_report)
+    bb = bsub.add_parser("bundle", help="build the Pi 5 bundle: .pte files, GGUFs, tokenizers, manifest")
+    bb.add_argument("out", metavar="DIR")
+    bb.add_argument("--recipe", action="append", help="recipes to bundle (default: all)")
+    bb.add_argument("--no-gguf", action="store_true", help="skip the llama.cpp GGUFs")
+    bb.set_defaults(func=cmd_bench_bundle)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except HarnessError as e:
-        if args.debug:
-            raise
-        print(f"harness: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("harness: interrupted; nothing was left half-written", file=sys.stderr)
-        return 130
+    from harness.cliguard import run_main
+
+    # one line on stderr for any failure (harness/cliguard.py); --debug shows the traceback
+    return run_main(build_parser(), argv)
 
 
 if __name__ == "__main__":

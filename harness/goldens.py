@@ -10,14 +10,27 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HarnessError
 
-GOLDENS_DIR = Path(__file__).resolve().parent.parent / "goldens"
+# HARNESS_GOLDENS_DIR points verify, goldens diff and the golden tests at another copy (tests of
+# the harness itself use it; the committed goldens are the default).
+GOLDENS_DIR = Path(os.environ.get("HARNESS_GOLDENS_DIR") or Path(__file__).resolve().parent.parent / "goldens")
 STAGES = ("hf_generate", "eager", "exported", "pte")
+# The prompts every golden is recorded for: a sample of the fixture corpus (5 for the benchmark
+# protocol, plus one that is not a capital).
+FIXTURE_PROMPTS = (
+    "What is the capital of France?",
+    "What is the capital of Japan?",
+    "What is the capital of India?",
+    "What is the capital of Mexico?",
+    "Who wrote Hamlet?",
+    "What is the boiling point of water?",
+)
 TOP_K = 5
 
 
@@ -187,3 +200,34 @@ def current_provenance(fixture_sha256: str) -> dict:
 def provenance_diff(recorded: dict, current: dict) -> dict[str, tuple]:
     return {k: (recorded.get(k), current.get(k)) for k in sorted(set(recorded) | set(current))
             if recorded.get(k) != current.get(k)}
+
+
+REFRESH_HINT = ("to refresh: tox -e refresh (diffs every golden stage on the new stack, then runs the suite), "
+                "and accept with pytest -m mac --snapshot-update only if the first diverging stage is the "
+                "upgraded one at a near-tie (README, 'Goldens and the refresh flow')")
+
+
+def stack_note(recorded: dict | None = None, now: dict | None = None) -> str:
+    """One line for a failed golden: "" when the goldens were recorded under this very stack,
+    otherwise which versions differ (recorded → running) and how to refresh."""
+    if recorded is None:
+        if not PROVENANCE.is_file():
+            return f"the goldens have no provenance record ({PROVENANCE} is missing); {REFRESH_HINT}"
+        try:
+            recorded = json.loads(PROVENANCE.read_text())
+        except ValueError as e:
+            return f"{PROVENANCE} is malformed JSON ({e}); restore it from git"
+        if not isinstance(recorded, dict):
+            return f"{PROVENANCE} is not a JSON object; restore it from git"
+    if now is None:
+        from harness.cache import sha256_file
+        from harness.load import FIXTURE_DIR
+
+        now = current_provenance(sha256_file(FIXTURE_DIR / "model.safetensors"))
+    diff = provenance_diff(recorded, now)
+    if not diff:
+        return ""
+    parts = [f"{k} {a} -> {b}" for k, (a, b) in diff.items()]
+    return (f"the goldens were recorded under another stack ({', '.join(parts)}; recorded -> running); "
+            + REFRESH_HINT)
+

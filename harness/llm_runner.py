@@ -79,16 +79,20 @@ class LLMRunner:
         self.vocab = _vocab(self.tokenizer_json)
         self.runner = TextLLMRunner(str(pte), str(tokenizer_json))
 
-    def generate(self, templated_prompt: str, max_new_tokens: int = 9) -> RunnerResult:
+    def generate(self, templated_prompt: str, max_new_tokens: int = 9, map_ids: bool = True) -> RunnerResult:
+        """Greedy generation; ``map_ids=False`` keeps only the runner's stats: no token callback,
+        because the binding turns each piece into a Python str and a random-weight model's
+        byte-fallback pieces are not valid UTF-8 on their own (UnicodeDecodeError)."""
         from executorch.extension.llm.runner import GenerationConfig
 
         self.runner.reset()
         pieces: list[str] = []
         stats: list = []
         config = GenerationConfig(temperature=0.0, echo=False, max_new_tokens=max_new_tokens)
-        self.runner.generate(templated_prompt, config, token_callback=pieces.append, stats_callback=stats.append)
+        self.runner.generate(templated_prompt, config, token_callback=pieces.append if map_ids else None,
+                             stats_callback=stats.append)
         ids = []
-        for piece in pieces:
+        for piece in pieces if map_ids else ():
             key = piece.replace(" ", "\u2581")
             if key not in self.vocab:
                 raise HarnessError(f"runner piece {piece!r} is not a vocabulary entry",

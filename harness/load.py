@@ -184,7 +184,8 @@ def load_model(spec: str) -> LoadedModel:
     if spec == "bench":
         from harness.benchmodel import bench_model_dir
 
-        return load_directory(bench_model_dir(), name="bench")
+        directory = bench_model_dir()  # its name holds the cache key: config, seed, code, libraries
+        return load_directory(directory, name="bench", identity=directory.name)
     path = Path(spec)
     if path.suffix == ".json":
         if not path.is_file():

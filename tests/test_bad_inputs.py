@@ -121,3 +121,68 @@ def test_not_enough_free_disk(tmp_path):
 
     with pytest.raises(HarnessError, match="not enough free disk"):
         check_writable(tmp_path / "x.pte", need_bytes=1 << 60)
+
+
+# ---- goldens under another stack, malformed goldens, through `harness verify` -------------------
+def _goldens_copy(tmp_path, provenance: dict | None = None, edit: dict | None = None):
+    """A copy of the committed goldens: provenance fields replaced, golden files rewritten."""
+    import json
+    import shutil
+
+    from harness.goldens import GOLDENS_DIR
+
+    root = tmp_path / "goldens"
+    shutil.copytree(GOLDENS_DIR, root)
+    if provenance:
+        prov = json.loads((root / "provenance.json").read_text())
+        (root / "provenance.json").write_text(json.dumps({**prov, **provenance}))
+    for name, text in (edit or {}).items():
+        (root / "tokens" / "test_goldens" / name).write_text(text)
+    return root
+
+
+FRANCE_PTE_FP32 = "test_token_golden[what-is-the-capital-of-france-pte-fp32].json"
+
+
+def _verify(pipeline, goldens):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "HARNESS_GOLDENS_DIR": str(goldens)}
+    return subprocess.run([sys.executable, "-m", "harness", "verify", "--pte", str(pipeline("fp32").pte_path),
+                           "--model", "fixture", "--recipe", "fp32"], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_stack_note_names_each_version_and_the_refresh():
+    from harness.goldens import current_provenance, stack_note
+
+    now = current_provenance("f" * 64)
+    assert stack_note(recorded=dict(now), now=now) == ""
+    note = stack_note(recorded={**now, "transformers": "5.23.0", "torchao": "0.17.0"}, now=now)
+    assert "\n" not in note
+    assert f"torchao 0.17.0 -> {now['torchao']}" in note and f"transformers 5.23.0 -> {now['transformers']}" in note
+    assert "tox -e refresh" in note and "'Goldens and the refresh flow'" in note
+
+
+def test_verify_failing_under_other_versions_says_which_and_how_to_refresh(pipeline, tmp_path):
+    golden = '{"ids": [337, 324, 321, 483, 316, 999, 5], "text": "The capital of France is Rome."}'
+    goldens = _goldens_copy(tmp_path, provenance={"transformers": "5.23.0", "torch": "2.12.0"},
+                            edit={FRANCE_PTE_FP32: golden})
+    res = _verify(pipeline, goldens)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "FAIL 'What is the capital of France?'" in res.stdout
+    note = [l for l in res.stdout.splitlines() if l.startswith("the goldens were recorded under another stack")]
+    assert len(note) == 1, res.stdout
+    assert "torch 2.12.0 -> " in note[0] and "transformers 5.23.0 -> " in note[0] and "tox -e refresh" in note[0]
+
+
+def test_verify_failing_under_the_same_versions_blames_no_stack(pipeline, tmp_path):
+    golden = '{"ids": [337, 324, 321, 483, 316, 999, 5], "text": "The capital of France is Rome."}'
+    res = _verify(pipeline, _goldens_copy(tmp_path, edit={FRANCE_PTE_FP32: golden}))
+    assert res.returncode == 1 and "FAIL" in res.stdout
+    assert "another stack" not in res.stdout
+
+
+def test_verify_with_a_malformed_golden_prints_one_line(pipeline, tmp_path):
+    res = _verify(pipeline, _goldens_copy(tmp_path, edit={FRANCE_PTE_FP32: '{"ids": [337, 324,'}))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.count("\n") == 1 and "is malformed JSON" in res.stderr and "restore it from git" in res.stderr
+    assert "Traceback" not in res.stderr

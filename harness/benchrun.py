@@ -1,0 +1,193 @@
+"""The benchmark protocol (from the deployment log): each prompt generated greedily, a fixed number
+of new tokens, timed as prefill (the whole prompt in one call), time to first token, and decode
+(one token per call); medians over prompts × rounds, warm-up excluded.
+
+A *runtime* is one way to run one model: ``eager:fp32`` (transformers in PyTorch, through the same
+wrapper that is exported), ``executorch:RECIPE`` (a ``.pte`` through ExecuTorch's Python runtime),
+``llama.cpp:f32|q4_0`` (a GGUF through llama-cpp-python). Every runtime runs with the same number
+of threads. Load time and peak RSS are measured in a fresh child process (``python -m
+harness.benchworker``), so one runtime's memory never counts against another's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from harness.errors import HarnessError
+
+DEFAULT_PROMPTS = 5
+DEFAULT_PROMPT_TOKENS = 32
+DEFAULT_NEW_TOKENS = 64
+DEFAULT_ROUNDS = 3
+
+
+@dataclass
+class Sample:
+    """One prompt, generated once."""
+
+    prompt_tokens: int
+    new_tokens: int
+    ttft_s: float  # prefill call + choosing the first token
+    decode_s: float  # the remaining new_tokens - 1 single-token calls
+    ids: list[int] = field(default_factory=list)
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.ttft_s
+
+    @property
+    def decode_tok_s(self) -> float:
+        return (self.new_tokens - 1) / self.decode_s if self.new_tokens > 1 else float("nan")
+
+
+def bench_prompts(n: int = DEFAULT_PROMPTS, length: int = DEFAULT_PROMPT_TOKENS, vocab: int = 8192,
+                  bos: int = 2, seed: int = 0) -> list[list[int]]:
+    """``n`` seeded random prompts of ``length`` ids (``<bos>`` first) for the random-weight model."""
+    import random
+
+    rng = random.Random(seed)
+    return [[bos] + [rng.randrange(6, vocab) for _ in range(length - 1)] for _ in range(n)]
+
+
+def timed_greedy(step: Callable, prompt_ids: list[int], new_tokens: int) -> Sample:
+    """Greedy over a ``step(ids[1,s], cache_position[s]) -> logits[1,s,V]`` function, a fixed
+    number of tokens (no EOS stop: every runtime does the same work)."""
+    import torch
+
+    n = len(prompt_ids)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        logits = step(torch.tensor([prompt_ids], dtype=torch.long), torch.arange(n, dtype=torch.long))
+        nxt = int(logits[0, -1].argmax())
+        t1 = time.perf_counter()
+        ids = [nxt]
+        for pos in range(n, n + new_tokens - 1):
+            logits = step(torch.tensor([[nxt]], dtype=torch.long), torch.tensor([pos], dtype=torch.long))
+            nxt = int(logits[0, -1].argmax())
+            ids.append(nxt)
+        t2 = time.perf_counter()
+    return Sample(n, new_tokens, t1 - t0, t2 - t1, ids)
+
+
+def set_threads(runtime: str, threads: int) -> None:
+    kind = runtime.split(":")[0]
+    if kind in ("eager", "executorch"):
+        import torch
+
+        torch.set_num_threads(threads)
+    if kind == "executorch":
+        from executorch.extension.pybindings import portable_lib
+
+        portable_lib._unsafe_reset_threadpool(threads)
+
+
+class Runner:
+    """A loaded runtime: ``generate(prompt_ids, new_tokens) -> Sample``."""
+
+    def __init__(self, runtime: str, artifact: str, threads: int):
+        self.runtime, self.artifact, self.threads = runtime, artifact, threads
+        kind, _, recipe = runtime.partition(":")
+        set_threads(runtime, threads)
+        t0 = time.perf_counter()
+        if kind == "eager":
+            from harness.export import ExportSettings, make_wrapper
+            from harness.load import load_model
+
+            model = load_model(artifact).model
+            wrapper = make_wrapper(model, ExportSettings())
+            self._step = lambda ids, pos: wrapper(input_ids=ids, cache_position=pos)
+            self.generate = lambda ids, n: timed_greedy(self._step, ids, n)
+        elif kind == "executorch":
+            from harness.pte import PteRunner
+
+            self._step = PteRunner(artifact).step
+            self.generate = lambda ids, n: timed_greedy(self._step, ids, n)
+        elif kind == "llama.cpp":
+            from harness.llamacpp import LlamaCppRunner
+
+            llm = LlamaCppRunner(artifact, n_threads=threads)
+
+            def generate(ids, n):
+                out = llm.generate(ids, n)
+                t = out.timings
+                return Sample(len(ids), len(out.ids), t["ttft_s"], t["decode_s"], list(out.ids))
+
+            self.generate = generate
+        else:
+            raise HarnessError(f"unknown runtime {runtime!r}",
+                               "use eager:fp32, executorch:RECIPE or llama.cpp:f32|q4_0")
+        self.load_s = time.perf_counter() - t0
+
+
+def medians(samples: list[Sample]) -> dict:
+    return {
+        "prefill_tok_s": statistics.median(s.prefill_tok_s for s in samples),
+        "decode_tok_s": statistics.median(s.decode_tok_s for s in samples),
+        "ttft_s": statistics.median(s.ttft_s for s in samples),
+        "samples": len(samples),
+    }
+
+
+# ---- the child process that measures load time and memory -------------------------------------
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM). Not ``ru_maxrss``: Linux carries that across
+    fork+exec, so a child spawned by a big pytest process would report its parent's peak."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux; macOS: bytes
+
+
+def rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / (1 << 20)
+
+
+def measure_in_child(runtime: str, artifact: str, threads: int, prompt: list[int], new_tokens: int,
+                     timeout: float = 900) -> dict:
+    """Load time, RSS before loading (interpreter + libraries), peak RSS after one generation."""
+    cmd = [sys.executable, "-m", "harness.benchworker", runtime, artifact, str(threads),
+           json.dumps(prompt), str(new_tokens)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_repo_root(), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise HarnessError(f"{runtime}: measuring load time and memory failed ({last})",
+                           "run the same command by hand: " + " ".join(cmd[:4]) + " ...")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _repo_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def child_main(argv: list[str]) -> int:
+    runtime, artifact, threads, prompt, new_tokens = argv
+    kind = runtime.split(":")[0]
+    # import the runtime's libraries first, so "base" is the interpreter + libraries, no model
+    if kind in ("eager", "executorch"):
+        import torch  # noqa: F401
+    if kind == "executorch":
+        import executorch.kernels.quantized  # noqa: F401
+        from executorch.runtime import Runtime  # noqa: F401
+    if kind == "llama.cpp":
+        import llama_cpp  # noqa: F401
+    base = rss_mb()
+    runner = Runner(runtime, artifact, int(threads))
+    sample = runner.generate(json.loads(prompt), int(new_tokens))
+    print(json.dumps({"load_s": runner.load_s, "base_rss_mb": base, "peak_rss_mb": peak_rss_mb(),
+                      "model_rss_mb": peak_rss_mb() - base, "sample": asdict(sample)}))
+    return 0

@@ -1,0 +1,141 @@
+"""The benchmark tools themselves (no model needed): Pi 5 readers, energy integration, the
+roofline's byte counts, the report. Runs in the mac tier so they cannot rot between Pi runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from harness import device
+from harness.errors import HarnessError
+
+pytestmark = pytest.mark.mac
+
+PMIC_SAMPLE = """\
+     3V7_WL_SW_A current(0)=0.00390372A
+       3V3_SYS_A current(1)=0.05660400A
+     VDD_CORE_A current(7)=2.00000000A
+     3V7_WL_SW_V volt(8)=3.70000000V
+       3V3_SYS_V volt(9)=3.30000000V
+     VDD_CORE_V volt(15)=0.90000000V
+       EXT5V_V volt(24)=5.12000000V
+"""
+
+
+def test_pmic_power_is_the_sum_of_current_times_voltage_over_paired_rails():
+    want = 0.00390372 * 3.7 + 0.056604 * 3.3 + 2.0 * 0.9  # EXT5V has no current: not a rail
+    assert device.parse_pmic_adc(PMIC_SAMPLE) == pytest.approx(want)
+    assert device.parse_pmic_adc("") is None
+
+
+@pytest.mark.parametrize("text,mask,words", [
+    ("throttled=0x0", 0, "never throttled"),
+    ("throttled=0x50005", 0x50005, "under-voltage now"),
+    ("no such command", None, "unknown"),
+])
+def test_throttled_state_is_decoded(text, mask, words):
+    assert device.parse_throttled(text) == mask
+    assert words in device.describe_throttled(mask)
+
+
+def test_board_detection_reads_the_device_tree(tmp_path):
+    model = tmp_path / "model"
+    model.write_bytes(b"Raspberry Pi 5 Model B Rev 1.0\0")
+    assert device.is_pi5(model) and device.board_model(model) == "Raspberry Pi 5 Model B Rev 1.0"
+    model.write_bytes(b"Raspberry Pi 4 Model B Rev 1.4\0")
+    assert not device.is_pi5(model)
+    assert not device.is_pi5(tmp_path / "absent")
+
+
+def test_energy_integrates_power_over_time():
+    s = device.PowerSampler(read=lambda: 5.0)
+    s.samples = [(0.0, 4.0), (1.0, 6.0), (3.0, 6.0)]
+    assert s.joules == pytest.approx(5.0 + 12.0)
+    assert s.mean_watts == pytest.approx(17.0 / 3.0)
+
+
+def test_external_meter_command_is_read_as_watts():
+    assert device.meter_watts("echo 4.25 W") == 4.25
+    assert device.meter_watts("echo nonsense") is None
+
+
+def test_decode_bytes_count_linears_in_full_and_one_embedding_row(pipeline):
+    """The fixture's FP32 decode step reads every linear (the tied output projection included),
+    one row of each embedding table and the KV cache; 8da4w reads about 4.5 bits per weight."""
+    from harness.roofline import kv_bytes_per_token, torch_bytes_per_token
+
+    fp32, q = pipeline("fp32"), pipeline("8da4w")
+    cfg = fp32.loaded.config
+    linears = sum(m.weight.numel() for m in fp32.loaded.model.modules() if isinstance(m, __import__("torch").nn.Linear))
+    rows = cfg.hidden_size + cfg.num_hidden_layers * cfg.hidden_size_per_layer_input
+    assert torch_bytes_per_token(fp32.loaded.model, 40) == 4 * (linears + rows) + kv_bytes_per_token(cfg, 40)
+    ratio = (torch_bytes_per_token(q.quantized, 40) - kv_bytes_per_token(cfg, 40)) / (4 * linears)
+    # INT4 codes packed (1/8 of FP32) + one FP32 scale per group of 32 (1/32): 0.156 of FP32,
+    # plus the INT8 per-layer embedding row
+    assert 0.15 < ratio < 0.17, ratio
+
+
+def test_kv_bytes_follow_the_window_and_skip_shared_layers(pipeline):
+    from harness.roofline import kv_bytes_per_token
+
+    cfg = pipeline("fp32").loaded.config  # 4 cache-owning layers: 3 sliding (32), 1 full (64)
+    assert kv_bytes_per_token(cfg, 10) == 2 * 4 * 10 * (3 * 32 + 64)
+    assert kv_bytes_per_token(cfg, 100) == 2 * 4 * (3 * 32 * 16 + 64 * 100)
+
+
+def _result(tmp_path, failures=None):
+    def bench(runtime, kind, recipe, decode, counterpart=""):
+        return {"name": f"test_host_benchmark[{runtime}]", "extra_info": {
+            "runtime": runtime, "kind": kind, "recipe": recipe, "model": "bench", "threads": 2,
+            "prefill_tok_s": 10 * decode, "decode_tok_s": decode, "ttft_s": 0.05, "load_s": 1.0,
+            "peak_rss_mb": 900.0, "model_rss_mb": 300.0, "roofline_fraction": 0.5, "counterpart": counterpart,
+            "prompts": 5, "rounds": 3, "prompt_tokens": 32, "new_tokens": 64}}
+
+    data = {"machine_info": {"node": "host", "cpu": {"brand_raw": "CPU"}},
+            "benchmarks": [bench("executorch:8da4w", "executorch", "8da4w", 100.0, "llama.cpp:q4_0"),
+                           bench("llama.cpp:q4_0", "llama.cpp", "q4_0", 200.0)],
+            "harness": {"bandwidth": {"threads": 2, "read_gb_s": 20.0, "buffer_mb": 512},
+                        "failures": failures or {}, "libraries": {"torch": "2.13.0"}}}
+    path = tmp_path / "out.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_report_table_has_a_row_per_runtime_and_the_llama_cpp_ratio(tmp_path):
+    from harness.report import markdown, read_result
+
+    text = markdown(read_result(_result(tmp_path, {"llama.cpp:f32": "ValueError: no converter"})))
+    lines = text.splitlines()
+    assert lines[0].startswith("| model") and "vs llama.cpp" in lines[0]
+    row = next(line for line in lines if "| executorch" in line)
+    assert "100.0" in row and "0.50×" in row and "50%" in row
+    assert "llama.cpp:f32 did not run:** ValueError: no converter" in text
+
+
+def test_report_command_writes_the_table_and_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = _result(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "harness", "bench", "report", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "| bench" in out.stdout
+    assert (tmp_path / "out.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("content,words", [
+    (None, "does not exist"),
+    ("{not json", "is not valid JSON"),
+    ('{"a": 1}', "not a pytest-benchmark result"),
+    ('{"benchmarks": []}', "no harness benchmark figures"),
+])
+def test_report_refuses_what_is_not_a_benchmark_result(tmp_path, content, words):
+    from harness.report import read_result
+
+    path = tmp_path / "r.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(HarnessError, match=words):
+        read_result(path)

@@ -1,0 +1,143 @@
+"""The fast recipe (``8da4w-fast``, harness/fast.py): ExecuTorch's custom attention and KV-cache
+ops, ring-buffer caches on sliding layers, the decoder delegated to XNNPACK, an INT4 embedding
+table. It must say exactly what ``8da4w`` says (its token goldens), keep saying it past the
+sliding window, and leave only the portable ops it has a reason for."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import FIXTURE_DIR, FIXTURE_PROMPTS
+from harness.tolerances import tolerance
+
+pytestmark = pytest.mark.mac
+FAST = "8da4w-fast"
+LONG_NEW_TOKENS = 40  # prompt (12-16 ids) + 40 crosses the fixture's 16-slot window twice
+
+
+def _eos(p) -> list[int]:
+    from harness.pipeline import eos_ids
+
+    return eos_ids(p.loaded)
+
+
+@pytest.mark.parametrize("prompt", FIXTURE_PROMPTS)
+def test_fast_pte_equals_8da4w_goldens(pipeline, golden_tokens_for, prompt):
+    gen = pipeline(FAST).generate(prompt, stage="pte", max_new_tokens=9)
+    golden = golden_tokens_for("8da4w", "pte", prompt)
+    assert gen.ids == golden, f"{FAST} .pte {gen.ids} vs 8da4w golden {golden} for {prompt!r}"
+
+
+@pytest.mark.parametrize("stage", ["eager", "exported"])
+def test_fast_wrapper_and_program_equal_8da4w_goldens(pipeline, golden_tokens_for, stage):
+    p = pipeline(FAST)
+    for prompt in FIXTURE_PROMPTS:
+        ids = p.generate(prompt, stage=stage, max_new_tokens=9).ids
+        assert ids == golden_tokens_for("8da4w", stage, prompt), f"{FAST}:{stage} {prompt!r}: {ids}"
+
+
+def _suppress(step, eos: list[int]):
+    """The step with EOS logits at -inf: what ``generate(min_new_tokens=...)`` does, so both
+    sides keep generating past the answer."""
+    def run(ids, pos):
+        logits = step(ids, pos).clone()
+        logits[..., eos] = float("-inf")
+        return logits
+    return run
+
+
+@pytest.mark.parametrize("prompt", FIXTURE_PROMPTS[:3] + FIXTURE_PROMPTS[4:5])
+def test_fast_pte_long_generation_equals_hf_generate(pipeline, prompt):
+    """~40 tokens, well past the 16-slot sliding window (the ring buffer wraps twice), against
+    transformers' generate on the same quantized model. A flip is accepted only at a near-tie:
+    HF's top-2 margin under the .pte tolerance."""
+    import torch
+
+    from harness.generate import greedy
+
+    p = pipeline(FAST)
+    ids = p.prompt_ids(prompt)
+    eos = _eos(p)
+    with torch.no_grad():
+        out = p.quantized.generate(
+            torch.tensor([ids]), max_new_tokens=LONG_NEW_TOKENS, min_new_tokens=LONG_NEW_TOKENS,
+            do_sample=False, eos_token_id=eos, pad_token_id=p.loaded.config.pad_token_id,
+            output_logits=True, return_dict_in_generate=True,
+        )
+    hf = out.sequences[0, len(ids):].tolist()
+    ours = greedy(_suppress(p.pte_step(), eos), ids, LONG_NEW_TOKENS, max_context=p.settings.max_context).ids
+    assert len(ours) == len(hf) == LONG_NEW_TOKENS
+    first = next((i for i, (a, b) in enumerate(zip(ours, hf)) if a != b), None)
+    if first is None:
+        return
+    logits = out.logits[first][0].clone()
+    logits[eos] = float("-inf")
+    top2 = logits.topk(2).values
+    margin = float(top2[0] - top2[1])
+    tol = tolerance("pte_vs_exported/8da4w").atol
+    assert margin < tol, (
+        f"{prompt!r}: .pte diverges from HF generate at new token {first} "
+        f"({ours[first]} vs {hf[first]}) where HF's top-2 margin is {margin:.3f} logits (> {tol})"
+    )
+
+
+def test_fast_pte_prefill_past_the_window_in_one_call(pipeline):
+    """A 75-token prompt in one call (longer than the 16-slot ring: the ring keeps the last 16,
+    the rest goes to the trash slot) gives the same logits as transformers' forward."""
+    import torch
+
+    p = pipeline(FAST)
+    ids = p.prompt_ids(FIXTURE_PROMPTS[0])
+    with torch.no_grad():
+        seq = p.quantized.generate(torch.tensor([ids]), max_new_tokens=60, min_new_tokens=60,
+                                   do_sample=False, pad_token_id=p.loaded.config.pad_token_id)[0]
+        ref = p.quantized(seq[None]).logits[0]
+    runner = p.runner
+    runner.step(torch.tensor([ids]), torch.arange(len(ids)))  # stale ring contents first
+    got = runner.step(seq[None], torch.arange(len(seq)))[0]
+    err = (got - ref).abs().max().item()
+    assert err < tolerance("pte_vs_exported/8da4w").atol, f"one-call prefill of {len(seq)}: max |diff| {err}"
+
+
+def test_fast_pte_portable_ops_have_reasons(pipeline):
+    """Every operator left outside XNNPACK is one harness/fast.py explains, within the count its
+    reason implies for this model; the norms, RoPE and every matmul are delegated."""
+    from harness.fast import portable_op_budget
+
+    p = pipeline(FAST)
+    report = p.lower_report
+    budget = portable_op_budget(p.loaded.config)
+    unexplained = {op: n for op, n in report["portable_ops"].items() if op not in budget}
+    assert not unexplained, f"portable ops without a reason: {unexplained}"
+    over = {op: (n, budget[op][0]) for op, n in report["portable_ops"].items() if n > budget[op][0]}
+    assert not over, f"portable ops above their budget (count, budget): {over}"
+    ceiling = sum(n for n, _ in budget.values())
+    assert report["portable_total"] <= ceiling
+    assert report["delegated_calls"] <= p.loaded.config.num_hidden_layers + 2, report["delegated_calls"]
+
+
+def test_fast_pte_is_smaller_than_8da4w(pipeline):
+    """The INT4 embedding table replaces the FP32 one 8da4w keeps for the tied embedding."""
+    fast = pipeline(FAST).pte_path.stat().st_size
+    base = pipeline("8da4w").pte_path.stat().st_size
+    assert fast < base, f"{FAST} .pte {fast} bytes vs 8da4w {base}"
+
+
+def test_fast_pte_metadata_says_sdpa_with_kv_cache(pipeline):
+    meta = pipeline(FAST).runner.metadata()
+    assert meta["use_sdpa_with_kv_cache"] is True
+    assert meta["use_kv_cache"] is True and meta["enable_dynamic_shape"] is True
+
+
+def test_fast_pte_in_executorch_llm_runner(pipeline, golden_tokens_for):
+    """ExecuTorch's own LLM runner (the device path) finds the custom op kernels and says what
+    the 8da4w goldens say."""
+    from harness.llm_runner import LLMRunner
+
+    p = pipeline(FAST)
+    runner = LLMRunner(p.pte_path, FIXTURE_DIR / "tokenizer.json")
+    for prompt in FIXTURE_PROMPTS:
+        text = p.loaded.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                      add_generation_prompt=True, tokenize=False)
+        out = runner.generate(text, max_new_tokens=9)
+        assert out.ids == golden_tokens_for("8da4w", "pte", prompt), f"{prompt!r}: {out.ids} {out.text!r}"
