@@ -32,12 +32,12 @@ def examples(n: int) -> int:
 
 from harness.goldens import FIXTURE_PROMPTS as GOLDEN_PROMPTS  # noqa: E402
 from harness.load import FIXTURE_DIR  # noqa: E402
-from harness.recipes import RECIPES  # noqa: E402
+from harness.recipes import GOLDEN_RECIPES, RECIPES  # noqa: E402
 from harness.train_fixture import read_corpus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 FIXTURE_PROMPTS = list(GOLDEN_PROMPTS)
-RECIPE_NAMES = list(RECIPES)
+RECIPE_NAMES = list(GOLDEN_RECIPES)  # recipes with goldens of their own
 
 
 def corpus() -> list[dict]:

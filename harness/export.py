@@ -34,9 +34,15 @@ class ExportSettings:
 
 
 def make_wrapper(model, settings: ExportSettings):
-    """The eager module that gets exported: same forward, same cache, runnable eagerly."""
+    """The eager module that gets exported: same forward, same cache, runnable eagerly. A model
+    quantized by a ``fast`` recipe (``harness_export`` set by harness.quantize) gets
+    harness/fast.py's wrapper (custom SDPA and KV-cache ops), with the same signature."""
     from transformers.integrations.executorch import TorchExportableModuleWithHybridCache
 
+    if getattr(model, "harness_export", "hf") == "fast":
+        from harness.fast import make_fast_wrapper
+
+        return make_fast_wrapper(model, settings.max_context)
     model.requires_grad_(False)
     return TorchExportableModuleWithHybridCache(model, batch_size=1, max_cache_len=settings.max_context).eval()
 

@@ -20,12 +20,21 @@ as for ``8da4w``. What changes is the decoder's forward:
   never overwrite keys that an earlier query of the same call still needs;
 - KV-shared layers reuse the producer layer's keys and values (and mask), as transformers does;
 - ``xnn=True`` writes the glue so XNNPACK can take it: RMSNorm's mean as a 4-D ``mean.dim``
-  over the two innermost dims (XNNPACK's global average pooling) with ``rsqrt``; rotate_half as a
-  constant ±1 permutation matmul (slices of a tensor with a dynamic dim stay portable); reshapes
-  with one inferred ``-1`` dim (symbolic reshapes stay portable).
+  over the two innermost dims (the only mean XNNPACK's partitioner takes) with ``rsqrt`` (it
+  takes ``pow`` only with exponent 2); rotate_half as a constant ±1 permutation matmul (slices
+  of a tensor with a dynamic dim stay portable); reshapes with one inferred ``-1`` dim
+  (symbolic reshapes stay portable);
+- the token table (tied to ``lm_head``) can be INT8 per row or INT4 in lm_head's own groups
+  (``quantize_embedding``, recipe field ``embedding``).
 
-Numerics differ from transformers' eager attention only by summation order (flash attention,
-rsqrt vs pow(-0.5), mean over 4-D): greedy ids equal the ``8da4w`` goldens (tests/test_fast_path.py).
+What is left outside XNNPACK, with a reason for each op, is ``portable_op_budget``. Numerics
+differ from transformers' eager attention only by summation order (flash attention, rsqrt vs
+pow(-0.5), mean over 4-D): greedy ids equal the ``8da4w`` goldens (tests/test_fast_path.py).
+
+Found on the way: ExecuTorch 1.5.1's portable ``remainder.Scalar`` truncates toward zero for a
+negative int64 dividend (torch.remainder floors), so the ring's slot arithmetic keeps its
+dividend non-negative; and ``custom_sdpa`` with a mask reads every slot of the key tensor (the
+mask must be [s, slots]), while without a mask it reads only the first ``start_pos + s``.
 """
 
 from __future__ import annotations
@@ -56,14 +65,12 @@ def load_custom_ops() -> None:
     """Register ``llama::custom_sdpa`` / ``update_cache`` (export) and their ``.out`` kernels
     (ExecuTorch runtime). Loading the shared library is enough for the runtime; the Python module
     ``executorch.extension.llm.custom_ops.custom_ops`` adds the meta kernels export needs (and
-    imports torch._inductor, ~6 s), so export calls ``load_custom_ops(export=True)``."""
+    imports torch._inductor, ~6 s), so export calls ``load_custom_ops_for_export()``."""
     global _LOADED
     if _LOADED:
         return
     import importlib.util
     from pathlib import Path
-
-    import torch
     from executorch.extension.pybindings import portable_lib  # noqa: F401  (the runtime registry)
 
     try:
@@ -91,8 +98,6 @@ def rms_norm(x, weight, eps: float, xnn: bool):
     """Gemma 4's RMSNorm: ``x * (mean(x^2) + eps)^-0.5 * weight`` (weight used as is, not 1 + w).
     ``x`` is [1, s, *rest]; with ``xnn`` the mean is a 4-D mean over dims (2, 3) and every reshape
     has one inferred dim, which is what XNNPACK's partitioner accepts."""
-    import torch
-
     if not xnn:
         ms = x.pow(2).mean(-1, keepdim=True) + eps
         out = x * torch.pow(ms, -0.5)
@@ -110,8 +115,6 @@ def rms_norm(x, weight, eps: float, xnn: bool):
 def rotate_half_matrix(d: int):
     """W with ``x @ W.T == rotate_half(x)`` = cat(-x[d/2:], x[:d/2]); entries 0 and ±1, so the
     matmul is exact."""
-    import torch
-
     h = d // 2
     w = torch.zeros(d, d)
     idx = torch.arange(h)
@@ -121,8 +124,6 @@ def rotate_half_matrix(d: int):
 
 
 def _rotate_half(x):
-    import torch
-
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
@@ -133,8 +134,6 @@ class FastGemma4(torch.nn.Module):
     the KV caches (ring buffers on sliding layers) and the RoPE tables as buffers."""
 
     def __init__(self, model, max_context: int, options: FastOptions = FastOptions()):
-        import torch
-
         super().__init__()
         cfg = model.config
         inner = model.model
@@ -187,7 +186,10 @@ class FastGemma4(torch.nn.Module):
             d = emb.shape[-1]
             self.head_dim[t] = d
             if options.xnn:
-                self.register_buffer(f"rot_{t}", rotate_half_matrix(d), persistent=False)
+                # persistent: lowering deletes the lifted constants XNNPACK consumes from the
+                # ExportedProgram it is given (a non-persistent buffer is such a constant), and the
+                # pipeline still runs that program afterwards
+                self.register_buffer(f"rot_{t}", rotate_half_matrix(d))
 
         # caches: [1, slots, kv_heads, head_dim] (the custom ops' layout), one per producing layer
         self.ring_size = self.window if options.ring else None
@@ -224,8 +226,6 @@ class FastGemma4(torch.nn.Module):
     def _sliding_mask(self, cache_position, start, n):
         """[n, keys] float mask (0 or -inf) for sliding layers; keys = ring slots then the n new
         keys (ring) or the max_context cache slots (no ring)."""
-        import torch
-
         q = cache_position.reshape(-1, 1)
         if self.options.ring:
             r = self.ring_size
@@ -244,8 +244,6 @@ class FastGemma4(torch.nn.Module):
         return torch.where(ok, 0.0, float("-inf")).to(torch.float32)
 
     def _attention(self, i, x, cos, sin, start, shared, mask, ring_idx):
-        import torch
-
         layer = self.layers[i].self_attn
         t = self.layer_types[i]
         d = layer.head_dim
@@ -281,11 +279,9 @@ class FastGemma4(torch.nn.Module):
         return layer.o_proj(out.reshape(1, -1, self.n_heads * d))
 
     def forward(self, input_ids, cache_position):
-        import torch
-
         s = input_ids.shape[1]
         start = cache_position[0].item()
-        torch._check_is_size(start)
+        torch._check(start >= 0)
         torch._check(start + s <= self.max_context)
         torch._check(start < self.max_context)
 
@@ -352,8 +348,9 @@ def make_fast_wrapper(model, max_context: int, options: FastOptions = FastOption
 
 
 def export_fast(model, settings, options: FastOptions = FastOptions()):
-    """``torch.export`` of the fast wrapper, dynamic sequence dim, like harness.export.export_program."""
-    import torch
+    """``torch.export`` of the fast wrapper with explicit options (the ablations: ring, xnn), like
+    harness.export.export_program; the pipeline itself goes through export_program, which picks
+    this wrapper with default options for a model a fast recipe quantized."""
     from torch.export import Dim
 
     from harness.export import example_inputs

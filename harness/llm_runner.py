@@ -69,6 +69,9 @@ class LLMRunner:
 
     def __init__(self, pte: Path, tokenizer_json: Path):
         import executorch.kernels.quantized  # noqa: F401  (embedding_byte)
+        from harness.fast import load_custom_ops
+
+        load_custom_ops()  # llama::custom_sdpa / update_cache kernels of fast-recipe programs
         from executorch.extension.llm.runner import TextLLMRunner
 
         from harness.pte import check_header

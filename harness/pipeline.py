@@ -42,8 +42,9 @@ def eos_ids(loaded: LoadedModel) -> list[int]:
     return sorted(ids)
 
 
-def runner_metadata(loaded: LoadedModel, settings: ExportSettings) -> dict:
-    """Constant methods ExecuTorch's LLM runner reads, derived from the model and export settings."""
+def runner_metadata(loaded: LoadedModel, settings: ExportSettings, recipe: Recipe | None = None) -> dict:
+    """Constant methods ExecuTorch's LLM runner reads, derived from the model, the export settings
+    and the recipe (a ``fast`` recipe's program attends with llama::custom_sdpa on its own cache)."""
     cfg = loaded.config
     bos = getattr(cfg, "bos_token_id", None)
     if bos is None and loaded.tokenizer is not None:
@@ -56,7 +57,7 @@ def runner_metadata(loaded: LoadedModel, settings: ExportSettings) -> dict:
         "get_vocab_size": int(cfg.vocab_size),
         "get_n_layers": int(cfg.num_hidden_layers),
         "use_kv_cache": True,
-        "use_sdpa_with_kv_cache": False,
+        "use_sdpa_with_kv_cache": recipe is not None and recipe.export == "fast",
         "enable_dynamic_shape": True,
     }
 
@@ -111,7 +112,7 @@ class Pipeline:
             config=self.loaded.config.to_json_string(use_diff=False),
             recipe=self.recipe.as_dict(),
             settings=self.settings.as_dict(),
-            metadata=runner_metadata(self.loaded, self.settings) if stage == "pte" else None,
+            metadata=runner_metadata(self.loaded, self.settings, self.recipe) if stage == "pte" else None,
         )
 
     @cached_property
@@ -136,6 +137,10 @@ class Pipeline:
         """The ExportedProgram, as reloaded from the verified ``.pt2`` (what users ship)."""
         from harness.pt2 import load_pt2
 
+        if self.recipe.export == "fast":  # the program calls llama:: ops: register them first
+            from harness.fast import load_custom_ops_for_export
+
+            load_custom_ops_for_export()
         return load_pt2(self.pt2_path)
 
     @cached_property
@@ -146,7 +151,8 @@ class Pipeline:
         def build(path: Path):
             self.progress(f"lowering {self.loaded.name} [{self.recipe.name}] to XNNPACK (minutes) ...")
             t0 = time.time()
-            program, report = lower(self.exported, self.recipe, runner_metadata(self.loaded, self.settings))
+            program, report = lower(self.exported, self.recipe,
+                                    runner_metadata(self.loaded, self.settings, self.recipe))
             lower_s = time.time() - t0
             write_pte(program.buffer, path)
             return {"lower_seconds": round(lower_s, 2), "ops": report.as_dict()}

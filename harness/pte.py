@@ -15,6 +15,11 @@ def _ensure_kernels() -> None:
     # The INT8 embedding lowers to quantized_decomposed::embedding_byte, a kernel that lives in
     # executorch.kernels.quantized; without this import loading the method fails with 0x14.
     import executorch.kernels.quantized  # noqa: F401
+    # The fast recipe's llama::custom_sdpa / update_cache kernels (harness/fast.py): a shared
+    # library load, without it loading the method fails on the missing llama:: kernels.
+    from harness.fast import load_custom_ops
+
+    load_custom_ops()
 
 
 def check_header(path: Path) -> None:

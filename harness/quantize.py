@@ -46,7 +46,8 @@ def quantize(model, recipe: Recipe, inplace: bool = False):
     """Return a quantized model (a deep copy unless ``inplace``) and a summary dict."""
     import torch
 
-    if recipe.linear is None and recipe.per_layer_embedding is None:
+    if recipe.linear is None and recipe.per_layer_embedding is None and recipe.embedding is None \
+            and recipe.export == "hf":
         return model, {"recipe": recipe.name}
     from torchao.quantization import (
         Int8DynamicActivationIntxWeightConfig,
@@ -83,4 +84,11 @@ def quantize(model, recipe: Recipe, inplace: bool = False):
         summary["group_size"] = group
     elif recipe.linear is not None:
         raise HarnessError(f"recipe {recipe.name}: unknown linear scheme {recipe.linear}", "fix recipes.py")
+    if recipe.embedding is not None:  # the token table; INT4 in lm_head's own groups (harness/fast.py)
+        from harness.fast import quantize_embedding
+
+        group = summary.get("group_size") or choose_group_size(model, recipe)
+        summary.update(quantize_embedding(model, recipe.embedding, group))
+    if recipe.export != "hf":
+        model.harness_export = recipe.export  # harness.export.make_wrapper routes on it
     return model, summary

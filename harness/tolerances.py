@@ -37,6 +37,12 @@ TOLERANCES: dict[str, Tolerance] = {
         "one step from torchao's reference: measured max |diff| 0.16 logits; 3x headroom, 16x below "
         "the fixture's 8-logit margins.",
     ),
+    "pte_vs_exported/8da4w-fast": Tolerance(
+        0.5,
+        "as 8da4w (XNNPACK's per-token INT8 activation rounding against torchao's reference); the "
+        "flash-attention kernel is the same in both: measured max |diff| 0.25 logits (8da4w: 0.21) "
+        "on the fixture's prompts; 2x headroom, 16x below the fixture's 8-logit answer margins.",
+    ),
     "logit_golden/fp32": Tolerance(
         1e-3,
         "log-probs of the golden top-5 across library builds: FP32 reassociation moves them by "
@@ -46,6 +52,11 @@ TOLERANCES: dict[str, Tolerance] = {
         2e-2,
         "a one-step change in an INT8 activation code (different rounding in a new torchao or "
         "XNNPACK) moves log-probs by up to ~1e-2; a scale or softcap regression moves them by >0.1.",
+    ),
+    "logit_golden/8da4w-fast": Tolerance(
+        2e-2,
+        "as 8da4w: a one-step change in an INT8 activation code moves log-probs by up to ~1e-2; a "
+        "lost softcap, embedding scale or window moves them by >0.1.",
     ),
 }
 

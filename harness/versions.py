@@ -26,6 +26,7 @@ def library_versions() -> dict[str, str]:
 ARTIFACT_MODULES = (
     "load.py", "recipes.py", "quantize.py", "export.py", "pt2.py", "lower.py", "pte.py",
     "pipeline.py", "atomic.py", "cache.py", "versions.py", "benchmodel.py", "configs/bench.json",
+    "fast.py",
 )
 
 

@@ -88,6 +88,8 @@ def _implied_bytes(model, recipe: str, group: int | None) -> int:
     """Bytes the recipe's quantization implies: packed INT4 weights + FP32 scales per group,
     INT8 per-layer embedding + FP32 row scales, everything else FP32 (tied weights once)."""
     seen, total = set(), 0
+    quantized = recipe in ("8da4w", "8da4w-fast")
+    int4_table = recipe == "8da4w-fast"  # its token table is INT4 in lm_head's groups
     ple = model.model.embed_tokens_per_layer.weight
     embed = model.model.embed_tokens.weight  # FP32 in every recipe (Gemma slices it directly)
     linears = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
@@ -98,14 +100,14 @@ def _implied_bytes(model, recipe: str, group: int | None) -> int:
         seen.add(id(p))
         n = p.numel()
         if p is embed:
-            total += 4 * n
-        elif recipe == "8da4w" and p is ple:
+            total += n // 2 + (n // group) * 4 if int4_table else 4 * n
+        elif quantized and p is ple:
             total += n + p.shape[0] * 4
-        elif recipe == "8da4w" and id(p) in linears:
+        elif quantized and id(p) in linears:
             total += n // 2 + (n // group) * 4
         else:
             total += 4 * n
-    if recipe == "8da4w" and tied:  # lm_head is quantized separately from the FP32 embedding
+    if quantized and tied:  # lm_head is quantized separately from the embedding table
         n = model.lm_head.weight.numel()
         total += n // 2 + (n // group) * 4
     return total
@@ -116,6 +118,8 @@ SIZE_RATIO = {
                    "lm_head; sharing it is the fast path's job), plus graph and metadata: measured 1.13"),
     "8da4w": (1.25, "packed INT4 plus FP32 group scales, INT8 table plus row scales, the FP32 embedding "
                     "and a separately quantized lm_head, plus graph and metadata: measured 1.12"),
+    "8da4w-fast": (1.25, "as 8da4w, but the token table is INT4 in lm_head's groups (still stored next to "
+                         "XNNPACK's packed lm_head), plus graph and metadata: measured 1.16"),
 }
 
 

@@ -109,6 +109,7 @@ def test_the_pipeline_checks_before_loading_and_loads_nothing_when_refused(monke
 
     monkeypatch.delenv(preflight.SKIP_ENV, raising=False)
     monkeypatch.setattr(preflight, "available_memory", lambda: 1 << 20)
+    monkeypatch.setattr(preflight, "current_rss", lambda: 0)  # as a fresh `harness export` process
     monkeypatch.setattr(harness.pipeline, "shared_model", lambda spec: pytest.fail("loaded despite refusal"))
     pipe = checked_pipeline("fixture", "fp32")
     with pytest.raises(HarnessError, match="not enough memory: fixture .* through lower"):
