@@ -375,7 +375,11 @@ def checked_pipeline(model, recipe, settings=None, progress=None, until: str = "
 
 # ---- measurement (the calibration, and the test that holds the estimate to it) ------------------
 def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    from harness.benchrun import peak_rss_mb
+
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork+exec, so a child of a big pytest
+    # process reported its parent's peak (1251 MiB for the fixture in CI)
+    return int(peak_rss_mb() * (1 << 20))
 
 
 def measure(spec: str, recipe: str, until: str = "lower") -> dict:

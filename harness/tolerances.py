@@ -43,6 +43,13 @@ TOLERANCES: dict[str, Tolerance] = {
         "flash-attention kernel is the same in both: measured max |diff| 0.25 logits (8da4w: 0.21) "
         "on the fixture's prompts; 2x headroom, 16x below the fixture's 8-logit answer margins.",
     ),
+    "llamacpp_vs_eager/f32": Tolerance(
+        5e-2,
+        "llama.cpp's 'F32' is not FP32 end to end: its CPU GELU rounds its input to FP16 through a "
+        "lookup table (GGML_GELU_FP16, compile time). Measured 3.2e-3 on the fixture; on the random "
+        "benchmark model a 0.0103-logit near-tie flipped at position 41. Real disagreements (a lost "
+        "softcap, a wrong KV layer) move logits by more than 0.1.",
+    ),
     "logit_golden/fp32": Tolerance(
         1e-3,
         "log-probs of the golden top-5 across library builds: FP32 reassociation moves them by "

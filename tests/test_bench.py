@@ -84,14 +84,15 @@ def test_host_benchmark(benchmark, runtime, pipeline, protocol, references, benc
     # correctness, outside the timed call
     check_deterministic(passes, runtime)
     config = pipeline("fp32", model=MODEL).loaded.config
-    ref_recipe = "fp32" if recipe in ("fp32", "f32") or kind == "eager" else ("8da4w" if kind == "executorch" else None)
+    # each .pte against the eager run of its own recipe's quantized model; llama.cpp F32 against FP32
+    ref_recipe = "fp32" if recipe in ("fp32", "f32") or kind == "eager" else (recipe if kind == "executorch" else None)
     fp32_ref = references("fp32")
     info = benchmark.extra_info
     info.update(runtime=runtime, model=MODEL, recipe=recipe, kind=kind)
     info["ref_prefix_tokens"] = sum(matching_prefix(r.ids, s.ids) for r, s in zip(fp32_ref, passes[0])) / len(fp32_ref)
     if ref_recipe:
         refs = references(ref_recipe)
-        tol = tolerance("pte_vs_exported/fp32" if ref_recipe == "fp32" else "pte_vs_exported/8da4w").atol
+        tol = tolerance("llamacpp_vs_eager/f32" if kind == "llama.cpp" else f"pte_vs_exported/{ref_recipe}").atol
         for i, (ref, sample) in enumerate(zip(refs, passes[0])):
             problem = confident_divergence(ref.ids, ref.step_logits, sample.ids, tol)
             assert problem is None, f"{runtime}, prompt {i} vs eager {ref_recipe}: {problem}"
