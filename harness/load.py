@@ -176,6 +176,19 @@ def load_config_model(config: dict, seed: int = 0, name: str = "config") -> Load
     return LoadedModel(model=model, tokenizer=tokenizer, name=f"config:{name}", identity=identity)
 
 
+def read_config_file(path: Path) -> dict:
+    """A Gemma4TextConfig JSON file, or a one-line HarnessError saying what is wrong with it."""
+    if not path.is_file():
+        raise HarnessError(f"config file {path} does not exist", "pass an existing Gemma4TextConfig JSON")
+    try:
+        config = json.loads(path.read_text())
+    except ValueError as e:
+        raise HarnessError(f"config file {path} is not valid JSON ({e})", "fix the file") from None
+    if not isinstance(config, dict):
+        raise HarnessError(f"config file {path} is not a JSON object", "pass a Gemma4TextConfig JSON")
+    return config
+
+
 def load_model(spec: str) -> LoadedModel:
     """``fixture``, ``bench`` (the benchmark-size model, see harness/benchmodel.py), a checkpoint
     directory, or ``FILE.json``: a Gemma4TextConfig with random weights from seed 0."""
@@ -188,11 +201,5 @@ def load_model(spec: str) -> LoadedModel:
         return load_directory(directory, name="bench", identity=directory.name)
     path = Path(spec)
     if path.suffix == ".json":
-        if not path.is_file():
-            raise HarnessError(f"config file {path} does not exist", "pass an existing Gemma4TextConfig JSON")
-        try:
-            config = json.loads(path.read_text())
-        except ValueError as e:
-            raise HarnessError(f"config file {path} is not valid JSON ({e})", "fix the file") from e
-        return load_config_model(config, seed=0, name=path.stem)
+        return load_config_model(read_config_file(path), seed=0, name=path.stem)
     return load_directory(path)

@@ -191,19 +191,7 @@ def size_from_config(config: dict, name: str) -> ModelSize:
     except Exception as e:
         raise HarnessError(f"config {name} is not a valid Gemma4TextConfig ({type(e).__name__}: "
                            f"{(str(e).splitlines() or [''])[0][:120]})", "fix the config") from None
-    params = linear = ple = 0
-    seen: set[int] = set()
-    for mod_name, module in model.named_modules():
-        for p in module.parameters(recurse=False):
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            params += p.numel()
-            if isinstance(module, torch.nn.Linear):
-                linear += p.numel()
-            elif mod_name.endswith("embed_tokens_per_layer"):
-                ple += p.numel()
-    return ModelSize(name, params, linear, ple, "config on the meta device")
+    return ModelSize(name, *_count(model), "config on the meta device")
 
 
 def model_size(spec) -> ModelSize:
@@ -221,24 +209,23 @@ def model_size(spec) -> ModelSize:
         return size_from_config(json.loads(BENCH_CONFIG.read_text()), "bench")
     path = Path(spec)
     if path.suffix == ".json":
-        if not path.is_file():
-            raise HarnessError(f"config file {path} does not exist", "pass an existing Gemma4TextConfig JSON")
-        try:
-            config = json.loads(path.read_text())
-        except ValueError as e:
-            raise HarnessError(f"config file {path} is not valid JSON ({e})", "fix the file") from None
-        if not isinstance(config, dict):
-            raise HarnessError(f"config file {path} is not a JSON object", "pass a Gemma4TextConfig JSON")
-        return size_from_config(config, path.stem)
+        from harness.load import read_config_file
+
+        return size_from_config(read_config_file(path), path.stem)
     return size_from_directory(path)
 
 
 def size_from_loaded(loaded) -> ModelSize:
+    return ModelSize(loaded.name, *_count(loaded.model), "the loaded model")
+
+
+def _count(model) -> tuple[int, int, int]:
+    """(all parameters, those in linears, those in the per-layer embedding); tied weights once."""
     import torch
 
     params = linear = ple = 0
     seen: set[int] = set()
-    for mod_name, module in loaded.model.named_modules():
+    for mod_name, module in model.named_modules():
         for p in module.parameters(recurse=False):
             if id(p) in seen:
                 continue
@@ -248,7 +235,7 @@ def size_from_loaded(loaded) -> ModelSize:
                 linear += p.numel()
             elif mod_name.endswith("embed_tokens_per_layer"):
                 ple += p.numel()
-    return ModelSize(loaded.name, params, linear, ple, "the loaded model")
+    return params, linear, ple
 
 
 # ---- the estimate and the check ----------------------------------------------------------------
