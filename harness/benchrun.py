@@ -5,8 +5,9 @@ of new tokens, timed as prefill (the whole prompt in one call), time to first to
 A *runtime* is one way to run one model: ``eager:fp32`` (transformers in PyTorch, through the same
 wrapper that is exported), ``executorch:RECIPE`` (a ``.pte`` through ExecuTorch's Python runtime),
 ``llama.cpp:f32|q4_0`` (a GGUF through llama-cpp-python). Every runtime runs with the same number
-of threads. Load time and peak RSS are measured in a fresh child process (``python -m
-harness.benchworker``), so one runtime's memory never counts against another's.
+of threads, each timed in a process of its own (``IsolatedRunner``), and load time and peak RSS
+come from one more fresh process (``python -m harness.benchworker``), so one runtime's threads,
+caches and memory never count against another's.
 """
 
 from __future__ import annotations
@@ -161,13 +162,93 @@ def measure_in_child(runtime: str, artifact: str, threads: int, prompt: list[int
     """Load time, RSS before loading (interpreter + libraries), peak RSS after one generation."""
     cmd = [sys.executable, "-m", "harness.benchworker", runtime, artifact, str(threads),
            json.dumps(prompt), str(new_tokens)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_repo_root(), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_child_env())
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
         raise HarnessError(f"{runtime}: measuring load time and memory failed ({last})",
                            "run the same command by hand: " + " ".join(cmd[:4]) + " ...")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _child_env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([_repo_root(), os.environ.get("PYTHONPATH", "")]))
+
+
+class IsolatedRunner:
+    """A runtime loaded and timed in a process of its own (``python -m harness.benchworker
+    --serve``), driven one prompt at a time over its stdin/stdout: the same interface as
+    ``Runner``; the timings are taken in the child, around the runtime's own calls.
+
+    Why not in the pytest process: whatever one runtime leaves behind there slows the next (after
+    the 8da4w-fast ``.pte`` had run in the process, llama.cpp Q4_0 decoded at 60-80 tok/s instead
+    of 255-310 on an idle machine), and a user runs one runtime per process anyway."""
+
+    def __init__(self, runtime: str, artifact: str, threads: int, timeout: float = 900):
+        self.runtime, self.artifact, self.threads, self.timeout = runtime, artifact, threads, timeout
+        cmd = [sys.executable, "-m", "harness.benchworker", "--serve", runtime, artifact, str(threads)]
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, bufsize=1, env=_child_env())
+        self.pid = self._proc.pid
+        self.returncode = None
+        hello = self._reply()
+        self.load_s = hello["load_s"]
+
+    def _reply(self) -> dict:
+        line = self._proc.stdout.readline()
+        if not line:
+            self._proc.wait(timeout=self.timeout)
+            self.returncode = self._proc.returncode
+            err = self._proc.stderr.read().strip().splitlines()
+            last = next((l for l in reversed(err) if l.strip()), "no output")
+            raise HarnessError(f"{self.runtime} on {self.artifact}: its benchmark process ended "
+                               f"(exit {self.returncode}: {last.strip()})",
+                               "run it by hand: python -m harness.benchworker --serve "
+                               f"{self.runtime} {self.artifact} {self.threads}")
+        return json.loads(line)
+
+    def generate(self, prompt_ids: list[int], new_tokens: int) -> Sample:
+        self._proc.stdin.write(json.dumps({"prompt": [int(i) for i in prompt_ids], "new_tokens": int(new_tokens)}) + "\n")
+        self._proc.stdin.flush()
+        return Sample(**self._reply()["sample"])
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self.returncode = self._proc.returncode
+        for stream in (self._proc.stdout, self._proc.stderr):
+            stream.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        proc = getattr(self, "_proc", None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
+
+def serve_main(argv: list[str]) -> int:
+    """The child of ``IsolatedRunner``: load, say so, then one JSON line in, one Sample out."""
+    runtime, artifact, threads = argv
+    try:
+        runner = Runner(runtime, artifact, int(threads))
+    except HarnessError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"load_s": runner.load_s}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        sample = runner.generate(request["prompt"], request["new_tokens"])
+        print(json.dumps({"sample": asdict(sample)}), flush=True)
+    return 0
 
 
 def _repo_root() -> str:

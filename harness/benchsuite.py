@@ -127,8 +127,26 @@ def child_figures(runtime: str, artifact: str, protocol: Protocol) -> dict:
 
 
 def runner_figures(pte: str, tokenizer_json: str, texts: list[str], new_tokens: int, rounds: int) -> dict:
-    """ExecuTorch's own LLM runner (C++ TextLLMRunner) over chat-templated texts: its own
+    """ExecuTorch's own LLM runner (C++ TextLLMRunner) over chat-templated texts, in a process of
+    its own (like every timed runtime, see ``harness.benchrun.IsolatedRunner``): its own
     prefill/decode rates and time to first token, measured in C++ (medians), and its load time."""
+    import json
+    import subprocess
+    import sys
+
+    from harness.benchrun import _child_env
+
+    cmd = [sys.executable, "-m", "harness.benchworker", "--runner", str(pte), str(tokenizer_json),
+           str(new_tokens), str(rounds)]
+    out = subprocess.run(cmd, input=json.dumps(texts), capture_output=True, text=True, timeout=1800, env=_child_env())
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise HarnessError(f"ExecuTorch's LLM runner on {pte} failed ({last})", "run it by hand: " + " ".join(cmd[:4]))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def runner_figures_here(pte: str, tokenizer_json: str, texts: list[str], new_tokens: int, rounds: int) -> dict:
+    """``runner_figures`` in this process (the benchmark worker calls it)."""
     from harness.llm_runner import LLMRunner
 
     t0 = time.perf_counter()

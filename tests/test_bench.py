@@ -66,7 +66,7 @@ def artifact_for(runtime: str, pipeline) -> tuple[str, object]:
 def test_host_benchmark(benchmark, runtime, pipeline, protocol, references, bench_bandwidth, bench_failures):
     from pathlib import Path
 
-    from harness.benchrun import Runner
+    from harness.benchrun import IsolatedRunner
     from harness.roofline import gguf_bytes_per_token, torch_bytes_per_token
 
     kind, _, recipe = runtime.partition(":")
@@ -74,12 +74,15 @@ def test_host_benchmark(benchmark, runtime, pipeline, protocol, references, benc
         pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install -e '.[dev]')")
     try:
         artifact, counted = artifact_for(runtime, pipeline)
-        runner = Runner(runtime, artifact, protocol.threads)
+        runner = IsolatedRunner(runtime, artifact, protocol.threads)  # timed alone
     except Exception as e:  # recorded in the JSON's harness section, then failed: the rest still run
         bench_failures[runtime] = f"{type(e).__name__}: {e}"
         pytest.fail(f"{runtime}: could not build or load: {e}")
 
-    passes = run_benchmark(benchmark, runner, protocol)
+    try:
+        passes = run_benchmark(benchmark, runner, protocol)
+    finally:
+        runner.close()
 
     # correctness, outside the timed call
     check_deterministic(passes, runtime)

@@ -139,3 +139,46 @@ def test_report_refuses_what_is_not_a_benchmark_result(tmp_path, content, words)
         path.write_text(content)
     with pytest.raises(HarnessError, match=words):
         read_result(path)
+
+
+# ---- each runtime timed in a process of its own ---------------------------------------------------
+# Regression: timed in the pytest process, after the 8da4w-fast .pte had run there, llama.cpp Q4_0
+# decoded at 60-80 tok/s instead of 255-310 (the same GGUF, 2 threads, an idle machine): one
+# runtime's leftovers in the process slowed the next one, and the side-by-side table lied.
+def test_each_runtime_is_timed_in_a_fresh_process_with_the_same_answers():
+    import os
+
+    from harness.benchrun import IsolatedRunner, Runner
+
+    prompt = [2, 40, 41, 42, 43, 44]
+    with IsolatedRunner("eager:fp32", "fixture", 1) as child:
+        assert child.pid != os.getpid()
+        first = child.generate(prompt, 5)
+        again = child.generate(prompt, 5)
+        assert child.load_s > 0
+    assert child.returncode == 0  # closed cleanly when the block ended
+    here = Runner("eager:fp32", "fixture", 1).generate(prompt, 5)
+    assert first.ids == again.ids == here.ids
+    assert (first.prompt_tokens, first.new_tokens) == (6, 5) and first.ttft_s > 0 and first.decode_s > 0
+
+
+def test_a_runtime_that_fails_in_its_process_says_why_in_one_line(tmp_path):
+    from harness.benchrun import IsolatedRunner
+
+    missing = tmp_path / "missing.pte"
+    with pytest.raises(HarnessError) as err:
+        IsolatedRunner("executorch:fp32", str(missing), 1)
+    message = str(err.value)
+    assert "\n" not in message and "executorch:fp32" in message and "missing.pte" in message
+
+
+def test_the_cpp_runner_figures_come_from_a_process_of_their_own(pipeline):
+    from harness.benchsuite import runner_figures
+
+    pipe = pipeline("fp32")
+    figures = runner_figures(str(pipe.pte_path), str(pipe.loaded.directory / "tokenizer.json"),
+                             ["The capital of France is"], new_tokens=4, rounds=1)
+    assert figures["runner_decode_tok_s"] > 0 and figures["runner_prefill_tok_s"] > 0
+    assert figures["runner_ttft_s"] > 0 and figures["runner_load_s"] > 0
+    with pytest.raises(HarnessError, match="LLM runner"):
+        runner_figures(str(pipe.pte_path) + ".missing", str(pipe.loaded.directory / "tokenizer.json"), ["x"], 2, 1)

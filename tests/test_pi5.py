@@ -93,7 +93,7 @@ def _bench_runtimes() -> list[str]:
 
 @pytest.mark.parametrize("runtime", _bench_runtimes())
 def test_pi5_benchmark(benchmark, runtime, bundle, board_state, bench_bandwidth, bench_failures):
-    from harness.benchrun import Runner
+    from harness.benchrun import IsolatedRunner
     from harness.benchsuite import (
         COUNTERPART, Protocol, check_deterministic, child_figures, matching_prefix, run_benchmark, runner_figures,
     )
@@ -113,11 +113,14 @@ def test_pi5_benchmark(benchmark, runtime, bundle, board_state, bench_bandwidth,
     protocol = Protocol(prompts=b["prompts"], new_tokens=b["new_tokens"],
                         threads=int(os.environ.get("HARNESS_BENCH_THREADS", 0) or os.cpu_count() or 1))
     try:
-        runner = Runner(runtime, str(artifact), protocol.threads)
+        runner = IsolatedRunner(runtime, str(artifact), protocol.threads)  # timed alone
     except Exception as e:
         bench_failures[runtime] = f"{type(e).__name__}: {e}"
         pytest.fail(f"{runtime}: could not load: {e}")
-    passes = run_benchmark(benchmark, runner, protocol, power=board_state["power"])
+    try:
+        passes = run_benchmark(benchmark, runner, protocol, power=board_state["power"])
+    finally:
+        runner.close()
     check_deterministic(passes, runtime)
     info = benchmark.extra_info
     info.update(runtime=runtime, model="bench", recipe=recipe, kind=kind, counterpart=COUNTERPART.get(recipe, ""),
