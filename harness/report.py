@@ -87,7 +87,8 @@ def markdown(data: dict) -> str:
     bw = h.get("bandwidth")
     if bw:
         notes.append(f"roofline: decode tok/s ÷ (measured read bandwidth {bw['read_gb_s']:.1f} GB/s with "
-                     f"{bw['threads']} threads ÷ bytes read per token)")
+                     f"{bw['threads']} threads" + (f", {bw['kernel']}" if bw.get("kernel") else "")
+                     + " ÷ bytes read per token)")
     machine = (data.get("machine_info") or {})
     cpu = (machine.get("cpu") or {}).get("brand_raw") or machine.get("processor") or "?"
     notes.append(f"machine: {h.get('board') or machine.get('node', '?')}, {cpu}; governor {h.get('governor') or 'n/a'}"
