@@ -54,30 +54,55 @@ class Protocol:
         )
 
 
-def run_benchmark(benchmark, runner: Runner, protocol: Protocol, power=None) -> list[list[Sample]]:
+def run_benchmark(benchmark, runner: Runner, protocol: Protocol, power=None, paired=None) -> list[list[Sample]]:
     """Time ``rounds`` passes over every prompt (one warm-up pass first, excluded); returns the
-    measured rounds' samples. With a power reader, energy is integrated over the measured rounds."""
+    measured rounds' samples. With a power reader, energy is integrated over the measured rounds.
+
+    ``paired=(runtime, runner)``: before each round, untimed by pytest-benchmark, one pass of that
+    counterpart (its own warm-up first), so both are measured in the same minutes and
+    ``paired_ratio_decode`` / ``paired_ratio_prefill`` hold up on a machine whose speed drifts (a
+    shared VM measured llama.cpp Q4_0 at 409 and at 196 decode tok/s in two runs). Not with a
+    power reader: the energy window would hold the counterpart's work too."""
     from harness.device import PowerSampler
 
+    if paired and power:
+        raise HarnessError("a paired counterpart and an energy reading cannot share the measured rounds",
+                           "measure energy without a counterpart")
     passes: list[list[Sample]] = []
+    other: list[list[Sample]] = []
 
     def one_pass():
         passes.append([runner.generate(p, protocol.new_tokens) for p in protocol.prompts])
 
+    def counterpart_pass():
+        other.append([paired[1].generate(p, protocol.new_tokens) for p in protocol.prompts])
+
     one_pass()  # warm-up, outside pytest-benchmark's rounds and outside the energy window
     passes.clear()
+    if paired:
+        counterpart_pass()
+        other.clear()
     sampler = PowerSampler(power) if power else None
+    timed = dict(rounds=protocol.rounds, iterations=1, warmup_rounds=0)
+    if paired:
+        timed["setup"] = counterpart_pass
     if sampler:
         with sampler:
-            benchmark.pedantic(one_pass, rounds=protocol.rounds, iterations=1, warmup_rounds=0)
+            benchmark.pedantic(one_pass, **timed)
     else:
-        benchmark.pedantic(one_pass, rounds=protocol.rounds, iterations=1, warmup_rounds=0)
+        benchmark.pedantic(one_pass, **timed)
     samples = [s for p in passes for s in p]
     info = benchmark.extra_info
     info.update(medians(samples))
     info.update(threads=protocol.threads, prompts=len(protocol.prompts), rounds=protocol.rounds,
                 prompt_tokens=statistics.median(len(p) for p in protocol.prompts),
                 new_tokens=protocol.new_tokens)
+    if paired:
+        theirs = medians([s for p in other for s in p])
+        info.update(paired_runtime=paired[0], paired_decode_tok_s=theirs["decode_tok_s"],
+                    paired_prefill_tok_s=theirs["prefill_tok_s"],
+                    paired_ratio_decode=info["decode_tok_s"] / theirs["decode_tok_s"],
+                    paired_ratio_prefill=info["prefill_tok_s"] / theirs["prefill_tok_s"])
     if sampler and sampler.joules is not None:
         generated = sum(s.new_tokens for s in samples)
         info.update(energy_j=sampler.joules, j_per_token=sampler.joules / generated,

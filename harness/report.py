@@ -33,7 +33,8 @@ def read_result(path: Path) -> dict:
 
 
 def rows(data: dict) -> list[dict]:
-    """One dict per benchmark, with ``ratio`` = decode tok/s over its llama.cpp counterpart's."""
+    """One dict per benchmark, with ``ratio`` = decode tok/s over its llama.cpp counterpart's: the
+    paired ratio where the counterpart ran in alternating rounds, else row over row."""
     infos = [dict(b["extra_info"], name=b["name"]) for b in data["benchmarks"]
              if "decode_tok_s" in b.get("extra_info", {})]
     for i in list(infos):  # ExecuTorch's C++ LLM runner on the same .pte: a row of its own
@@ -48,7 +49,10 @@ def rows(data: dict) -> list[dict]:
     by_runtime = {(i.get("model"), i.get("runtime")): i for i in infos}
     for i in infos:
         other = by_runtime.get((i.get("model"), i.get("counterpart")))
-        i["ratio"] = i["decode_tok_s"] / other["decode_tok_s"] if other and other is not i else None
+        if i.get("paired_ratio_decode") is not None:  # measured in alternating rounds: the one to trust
+            i["ratio"] = i["paired_ratio_decode"]
+        else:
+            i["ratio"] = i["decode_tok_s"] / other["decode_tok_s"] if other and other is not i else None
     return infos
 
 
@@ -84,6 +88,11 @@ def markdown(data: dict) -> str:
     if any(i.get("via") == "runner" for i in rows(data)):
         notes.append("(runner) rows: ExecuTorch's C++ TextLLMRunner on the same .pte, its own C++ timings, over "
                      "the 5 chat-templated fixture prompts (about 15 tokens; it stops early at an EOS id)")
+    paired = [i for i in rows(data) if i.get("paired_ratio_decode") is not None]
+    if paired:
+        notes.append("vs llama.cpp: decode tok/s over the llama.cpp counterpart's (fp32 over F32, 8da4w* over Q4_0); "
+                     f"for {', '.join(i['runtime'] for i in paired)} the counterpart ran in alternating rounds "
+                     "with it (paired), the other rows divide by the counterpart's own row")
     bw = h.get("bandwidth")
     if bw:
         notes.append(f"roofline: decode tok/s ÷ (measured read bandwidth {bw['read_gb_s']:.1f} GB/s with "

@@ -62,6 +62,24 @@ def artifact_for(runtime: str, pipeline) -> tuple[str, object]:
     return str(path), path
 
 
+def counterpart_for(runtime: str, protocol):
+    """The llama.cpp counterpart of a PyTorch/ExecuTorch runtime, loaded in its own process to run
+    in alternating rounds (``run_benchmark(paired=...)``); (None, why) when there is none."""
+    kind, _, recipe = runtime.partition(":")
+    other = COUNTERPART.get(recipe)
+    if kind == "llama.cpp" or not other:
+        return None, None
+    try:
+        import llama_cpp  # noqa: F401
+
+        from harness.benchrun import IsolatedRunner
+        from harness.gguf import gguf_for
+
+        return (other, IsolatedRunner(other, str(gguf_for(MODEL, other.partition(":")[2])), protocol.threads)), None
+    except Exception as e:  # the row is still measured, its ratio is then row over row
+        return None, f"{type(e).__name__}: {e}"
+
+
 @pytest.mark.parametrize("runtime", host_runtimes())
 def test_host_benchmark(benchmark, runtime, pipeline, protocol, references, bench_bandwidth, bench_failures):
     from pathlib import Path
@@ -79,10 +97,13 @@ def test_host_benchmark(benchmark, runtime, pipeline, protocol, references, benc
         bench_failures[runtime] = f"{type(e).__name__}: {e}"
         pytest.fail(f"{runtime}: could not build or load: {e}")
 
+    paired, pair_error = counterpart_for(runtime, protocol)
     try:
-        passes = run_benchmark(benchmark, runner, protocol)
+        passes = run_benchmark(benchmark, runner, protocol, paired=paired)
     finally:
         runner.close()
+        if paired:
+            paired[1].close()
 
     # correctness, outside the timed call
     check_deterministic(passes, runtime)
@@ -92,6 +113,8 @@ def test_host_benchmark(benchmark, runtime, pipeline, protocol, references, benc
     fp32_ref = references("fp32")
     info = benchmark.extra_info
     info.update(runtime=runtime, model=MODEL, recipe=recipe, kind=kind)
+    if pair_error:
+        info["paired_error"] = pair_error
     info["ref_prefix_tokens"] = sum(matching_prefix(r.ids, s.ids) for r, s in zip(fp32_ref, passes[0])) / len(fp32_ref)
     if ref_recipe:
         refs = references(ref_recipe)
