@@ -160,13 +160,18 @@ def rss_mb() -> float:
 def measure_in_child(runtime: str, artifact: str, threads: int, prompt: list[int], new_tokens: int,
                      timeout: float = 900) -> dict:
     """Load time, RSS before loading (interpreter + libraries), peak RSS after one generation."""
-    cmd = [sys.executable, "-m", "harness.benchworker", runtime, artifact, str(threads),
-           json.dumps(prompt), str(new_tokens)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_child_env())
+    return run_worker([runtime, artifact, str(threads), json.dumps(prompt), str(new_tokens)],
+                      f"{runtime}: measuring load time and memory", timeout=timeout)
+
+
+def run_worker(args: list[str], what: str, stdin: str | None = None, timeout: float = 900) -> dict:
+    """``python -m harness.benchworker ARGS`` in a fresh process: its last stdout line as JSON, or
+    one line naming ``what`` failed and the child's last error line."""
+    cmd = [sys.executable, "-m", "harness.benchworker", *args]
+    out = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout, env=_child_env())
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise HarnessError(f"{runtime}: measuring load time and memory failed ({last})",
-                           "run the same command by hand: " + " ".join(cmd[:4]) + " ...")
+        raise HarnessError(f"{what} failed ({last})", "run the same command by hand: " + " ".join(cmd[:5]) + " ...")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

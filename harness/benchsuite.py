@@ -156,18 +156,11 @@ def runner_figures(pte: str, tokenizer_json: str, texts: list[str], new_tokens: 
     its own (like every timed runtime, see ``harness.benchrun.IsolatedRunner``): its own
     prefill/decode rates and time to first token, measured in C++ (medians), and its load time."""
     import json
-    import subprocess
-    import sys
 
-    from harness.benchrun import _child_env
+    from harness.benchrun import run_worker
 
-    cmd = [sys.executable, "-m", "harness.benchworker", "--runner", str(pte), str(tokenizer_json),
-           str(new_tokens), str(rounds)]
-    out = subprocess.run(cmd, input=json.dumps(texts), capture_output=True, text=True, timeout=1800, env=_child_env())
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise HarnessError(f"ExecuTorch's LLM runner on {pte} failed ({last})", "run it by hand: " + " ".join(cmd[:4]))
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_worker(["--runner", str(pte), str(tokenizer_json), str(new_tokens), str(rounds)],
+                      f"ExecuTorch's LLM runner on {pte}", stdin=json.dumps(texts), timeout=1800)
 
 
 def runner_figures_here(pte: str, tokenizer_json: str, texts: list[str], new_tokens: int, rounds: int) -> dict:

@@ -9,7 +9,6 @@ timed Sample (``harness.benchrun.IsolatedRunner`` drives it).
 texts on stdin: ExecuTorch's C++ LLM runner's own figures as one JSON line."""
 
 import json
-
 import sys
 
 from harness.benchrun import child_main, serve_main

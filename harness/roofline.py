@@ -22,13 +22,10 @@ class Bandwidth:
     kernel: str = ""  # the read loop that gave the best figure
 
 
-def _best_seconds(run, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t0)
-    return best
+def _timed(run) -> float:
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
 
 
 def read_bandwidth(threads: int | None = None, buffer_mb: int = 512, repeats: int = 5) -> Bandwidth:
@@ -46,7 +43,7 @@ def read_bandwidth(threads: int | None = None, buffer_mb: int = 512, repeats: in
     for p in parts:  # fault every page in before timing
         p.sum()
 
-    def numpy_threads():
+    def numpy_threads() -> float:  # seconds from the barrier on: thread start-up is not reading
         barrier = threading.Barrier(threads + 1)
 
         def work(part):
@@ -57,10 +54,12 @@ def read_bandwidth(threads: int | None = None, buffer_mb: int = 512, repeats: in
         for t in pool:
             t.start()
         barrier.wait()
+        t0 = time.perf_counter()
         for t in pool:
             t.join()
+        return time.perf_counter() - t0
 
-    results = {"numpy sum, one slice per thread": _best_seconds(numpy_threads, repeats)}
+    results = {"numpy sum, one slice per thread": min(numpy_threads() for _ in range(repeats))}
     try:
         import torch
     except ImportError:
@@ -71,7 +70,7 @@ def read_bandwidth(threads: int | None = None, buffer_mb: int = 512, repeats: in
         torch.set_num_threads(threads)
         try:
             view.sum()
-            results["torch sum"] = _best_seconds(view.sum, repeats)
+            results["torch sum"] = min(_timed(view.sum) for _ in range(repeats))
         finally:
             torch.set_num_threads(before)
     kernel, best = min(results.items(), key=lambda kv: kv[1])
