@@ -4,7 +4,9 @@ of new tokens, timed as prefill (the whole prompt in one call), time to first to
 
 A *runtime* is one way to run one model: ``eager:fp32`` (transformers in PyTorch, through the same
 wrapper that is exported), ``executorch:RECIPE`` (a ``.pte`` through ExecuTorch's Python runtime),
-``llama.cpp:f32|q4_0`` (a GGUF through llama-cpp-python). Every runtime runs with the same number
+``executorch-native:RECIPE`` (the same ``.pte`` through ExecuTorch's C++ runtime in a program with no
+Python and no libtorch, ``harness.native``), ``llama.cpp:f32|q4_0`` (a GGUF through
+llama-cpp-python). Every runtime runs with the same number
 of threads, each timed in a process of its own (``IsolatedRunner``), and load time and peak RSS
 come from one more fresh process (``python -m harness.benchworker``), so one runtime's threads,
 caches and memory never count against another's.
@@ -17,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -27,6 +30,7 @@ DEFAULT_PROMPTS = 5
 DEFAULT_PROMPT_TOKENS = 32
 DEFAULT_NEW_TOKENS = 64
 DEFAULT_ROUNDS = 3
+NATIVE = "executorch-native"
 
 
 @dataclass
@@ -121,9 +125,13 @@ class Runner:
                 return Sample(len(ids), len(out.ids), t["ttft_s"], t["decode_s"], list(out.ids))
 
             self.generate = generate
+        elif kind == NATIVE:
+            child = IsolatedRunner(runtime, artifact, threads)  # a C++ program: always its own process
+            self.generate = child.generate
+            self._child = child
         else:
             raise HarnessError(f"unknown runtime {runtime!r}",
-                               "use eager:fp32, executorch:RECIPE or llama.cpp:f32|q4_0")
+                               f"use eager:fp32, executorch:RECIPE, {NATIVE}:RECIPE or llama.cpp:f32|q4_0")
         self.load_s = time.perf_counter() - t0
 
 
@@ -160,6 +168,9 @@ def rss_mb() -> float:
 def measure_in_child(runtime: str, artifact: str, threads: int, prompt: list[int], new_tokens: int,
                      timeout: float = 900) -> dict:
     """Load time, RSS before loading (interpreter + libraries), peak RSS after one generation."""
+    if runtime.partition(":")[0] == NATIVE:
+        return _run_native(artifact, threads, ["--once", json.dumps(prompt), str(new_tokens)],
+                           f"{runtime}: measuring load time and memory", timeout)
     return run_worker([runtime, artifact, str(threads), json.dumps(prompt), str(new_tokens)],
                       f"{runtime}: measuring load time and memory", timeout=timeout)
 
@@ -175,13 +186,28 @@ def run_worker(args: list[str], what: str, stdin: str | None = None, timeout: fl
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def native_command(artifact: str, threads: int, args: list[str]) -> list[str]:
+    from harness.native import native_runner
+
+    return [str(native_runner()), str(artifact), str(threads), *args]
+
+
+def _run_native(artifact: str, threads: int, args: list[str], what: str, timeout: float) -> dict:
+    cmd = native_command(artifact, threads, args)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        last = next((l for l in reversed(out.stderr.strip().splitlines()) if l.strip()), "no output")
+        raise HarnessError(f"{what} failed ({last.strip()})", "run the same command by hand: " + " ".join(cmd[:4]) + " ...")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _child_env() -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join([_repo_root(), os.environ.get("PYTHONPATH", "")]))
 
 
 class IsolatedRunner:
     """A runtime loaded and timed in a process of its own (``python -m harness.benchworker
-    --serve``), driven one prompt at a time over its stdin/stdout: the same interface as
+    --serve``, or the native runner's ``--serve``), driven one prompt at a time over its stdin/stdout: the same interface as
     ``Runner``; the timings are taken in the child, around the runtime's own calls.
 
     Why not in the pytest process: whatever one runtime leaves behind there slows the next (after
@@ -190,8 +216,15 @@ class IsolatedRunner:
 
     def __init__(self, runtime: str, artifact: str, threads: int, timeout: float = 900):
         self.runtime, self.artifact, self.threads, self.timeout = runtime, artifact, threads, timeout
-        cmd = [sys.executable, "-m", "harness.benchworker", "--serve", runtime, artifact, str(threads)]
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        if runtime.partition(":")[0] == NATIVE:
+            cmd = native_command(artifact, threads, ["--serve"])
+        else:
+            cmd = [sys.executable, "-m", "harness.benchworker", "--serve", runtime, artifact, str(threads)]
+        self._cmd = cmd
+        # stderr to a file, not a pipe: a child that logs more than a pipe holds (ExecuTorch logs
+        # to stderr) would block on a pipe nobody reads until it fails
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                                       text=True, bufsize=1, env=_child_env())
         self.pid = self._proc.pid
         self.returncode = None
@@ -203,12 +236,12 @@ class IsolatedRunner:
         if not line:
             self._proc.wait(timeout=self.timeout)
             self.returncode = self._proc.returncode
-            err = self._proc.stderr.read().strip().splitlines()
+            self._stderr.seek(0)
+            err = self._stderr.read().strip().splitlines()
             last = next((l for l in reversed(err) if l.strip()), "no output")
             raise HarnessError(f"{self.runtime} on {self.artifact}: its benchmark process ended "
                                f"(exit {self.returncode}: {last.strip()})",
-                               "run it by hand: python -m harness.benchworker --serve "
-                               f"{self.runtime} {self.artifact} {self.threads}")
+                               "run it by hand: " + " ".join(self._cmd))
         return json.loads(line)
 
     def generate(self, prompt_ids: list[int], new_tokens: int) -> Sample:
@@ -225,8 +258,8 @@ class IsolatedRunner:
                 self._proc.kill()
                 self._proc.wait()
         self.returncode = self._proc.returncode
-        for stream in (self._proc.stdout, self._proc.stderr):
-            stream.close()
+        self._proc.stdout.close()
+        self._stderr.close()
 
     def __enter__(self):
         return self

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.benchrun import (
-    DEFAULT_NEW_TOKENS, DEFAULT_PROMPT_TOKENS, DEFAULT_PROMPTS, DEFAULT_ROUNDS, Runner, Sample,
+    DEFAULT_NEW_TOKENS, DEFAULT_PROMPT_TOKENS, DEFAULT_PROMPTS, DEFAULT_ROUNDS, NATIVE, Runner, Sample,
     bench_prompts, measure_in_child, medians,
 )
 from harness.errors import HarnessError
@@ -30,7 +30,8 @@ def host_runtimes() -> list[str]:
     from harness.recipes import RECIPES
 
     extra = [f"executorch:{name}" for name in RECIPES if name not in ("fp32", "8da4w")]
-    return list(HOST_RUNTIMES[:3]) + extra + list(HOST_RUNTIMES[3:])
+    native = [f"{NATIVE}:{name}" for name in RECIPES]  # every .pte again, without Python or libtorch
+    return list(HOST_RUNTIMES[:3]) + extra + native + list(HOST_RUNTIMES[3:])
 
 
 @dataclass

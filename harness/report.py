@@ -88,6 +88,11 @@ def markdown(data: dict) -> str:
     if any(i.get("via") == "runner" for i in rows(data)):
         notes.append("(runner) rows: ExecuTorch's C++ TextLLMRunner on the same .pte, its own C++ timings, over "
                      "the 5 chat-templated fixture prompts (about 15 tokens; it stops early at an EOS id)")
+    if any(str(i.get("kind", "")) == "executorch-native" for i in rows(data)):
+        notes.append("executorch-native rows: the same .pte through ExecuTorch's C++ runtime in a program with no "
+                     "Python and no libtorch (harness/native), timed in C++ around each forward call, over the same "
+                     "prompts; its llama:: attention and cache kernels are the harness's own (the executorch wheel "
+                     "ships ExecuTorch's only inside a library that links libtorch)")
     paired = [i for i in rows(data) if i.get("paired_ratio_decode") is not None]
     if paired:
         notes.append("vs llama.cpp: decode tok/s over the llama.cpp counterpart's (fp32 over F32, 8da4w* over Q4_0); "

@@ -43,6 +43,25 @@ TOLERANCES: dict[str, Tolerance] = {
         "flash-attention kernel is the same in both: measured max |diff| 0.25 logits (8da4w: 0.21) "
         "on the fixture's prompts; 2x headroom, 16x below the fixture's 8-logit answer margins.",
     ),
+    "native_vs_pte/fp32": Tolerance(
+        0.0,
+        "the native runner runs the same program with the same ExecuTorch kernels and XNNPACK build "
+        "(the wheel's libraries) at the same thread count as the Python runtime: bit-exact, measured.",
+    ),
+    "native_vs_pte/8da4w": Tolerance(
+        0.0,
+        "as fp32: the same libraries at the same thread count, bit-exact, measured.",
+    ),
+    "native_vs_pte/8da4w-fast": Tolerance(
+        5e-2,
+        "the native runner's llama::custom_sdpa is the harness's own (plain softmax, not "
+        "ExecuTorch's tiled flash attention), so attention outputs differ in summation order "
+        "(~1e-6). The next linear quantizes its input to INT8 per token, which mostly absorbs that "
+        "but can move one value across a rounding step: measured max |diff| 1.9e-6 on the fixture "
+        "and 0.085 logits on the random benchmark model. 5e-2 covers the fixture 25000x and stays "
+        "160x below its 8-logit answer margins; the benchmark tier checks the bench model against "
+        "eager with pte_vs_exported/8da4w-fast.",
+    ),
     "llamacpp_vs_eager/f32": Tolerance(
         5e-2,
         "llama.cpp's 'F32' is not FP32 end to end: its CPU GELU rounds its input to FP16 through a "

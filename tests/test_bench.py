@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.benchrun import NATIVE
 from harness.benchsuite import (
     COUNTERPART, Protocol, check_deterministic, child_figures, confident_divergence, host_runtimes,
     matching_prefix, run_benchmark,
@@ -53,7 +54,7 @@ def artifact_for(runtime: str, pipeline) -> tuple[str, object]:
     if kind == "eager":
         pipe = pipeline("fp32", model=MODEL)
         return MODEL, pipe.loaded.model
-    if kind == "executorch":
+    if kind in ("executorch", NATIVE):
         pipe = pipeline(recipe, model=MODEL)
         return str(pipe.pte_path), pipe.quantized
     from harness.gguf import gguf_for
@@ -109,7 +110,8 @@ def test_host_benchmark(benchmark, runtime, pipeline, protocol, references, benc
     check_deterministic(passes, runtime)
     config = pipeline("fp32", model=MODEL).loaded.config
     # each .pte against the eager run of its own recipe's quantized model; llama.cpp F32 against FP32
-    ref_recipe = "fp32" if recipe in ("fp32", "f32") or kind == "eager" else (recipe if kind == "executorch" else None)
+    ref_recipe = ("fp32" if recipe in ("fp32", "f32") or kind == "eager"
+                  else (recipe if kind in ("executorch", NATIVE) else None))
     fp32_ref = references("fp32")
     info = benchmark.extra_info
     info.update(runtime=runtime, model=MODEL, recipe=recipe, kind=kind)

@@ -85,10 +85,27 @@ def test_pi5_goldens_llm_runner(bundle):
             assert out.ids == p["goldens"][recipe], f"{recipe} {p['prompt']!r}: runner {out.ids} != golden"
 
 
+def test_pi5_goldens_native_runner(bundle):
+    """The same through the torch-free native runner (harness/native), built on the device against
+    its executorch wheel's C++ runtime: no EOS stop, so each golden's EOS must come where it is."""
+    from harness.benchrun import NATIVE, IsolatedRunner
+
+    root, manifest = bundle
+    fx = manifest["fixture"]
+    for recipe, name in fx["pte"].items():
+        with IsolatedRunner(f"{NATIVE}:{recipe}", str(root / name), 2) as child:
+            for p in fx["prompts"]:
+                golden = p["goldens"][recipe]
+                ids = child.generate(p["ids"], len(golden)).ids
+                assert ids == golden, f"{recipe} {p['prompt']!r}: native {ids} != golden {golden}"
+
+
 def _bench_runtimes() -> list[str]:
+    from harness.benchrun import NATIVE
     from harness.recipes import RECIPES
 
-    return [f"executorch:{r}" for r in RECIPES] + ["llama.cpp:f32", "llama.cpp:q4_0"]
+    return ([f"executorch:{r}" for r in RECIPES] + [f"{NATIVE}:{r}" for r in RECIPES]
+            + ["llama.cpp:f32", "llama.cpp:q4_0"])
 
 
 @pytest.mark.parametrize("runtime", _bench_runtimes())
@@ -125,11 +142,12 @@ def test_pi5_benchmark(benchmark, runtime, bundle, board_state, bench_bandwidth,
     info = benchmark.extra_info
     info.update(runtime=runtime, model="bench", recipe=recipe, kind=kind, counterpart=COUNTERPART.get(recipe, ""),
                 governor_performance=float(board_state["governor"] == "performance"))
-    host = b["host_ids"].get(runtime)
+    same_pte = f"executorch:{recipe}"  # a native row runs the .pte its executorch row runs
+    host = b["host_ids"].get(runtime) or b["host_ids"].get(same_pte)
     if host:  # random weights: near-tie flips between ARM and x86 kernels are expected; recorded, not asserted
         info["host_prefix_tokens"] = sum(matching_prefix(h, s.ids) for h, s in zip(host, passes[0])) / len(host)
     info.update({k: v for k, v in child_figures(runtime, str(artifact), protocol).items() if k != "sample"})
-    per_token = b["bytes_per_token"].get(runtime)
+    per_token = b["bytes_per_token"].get(runtime) or b["bytes_per_token"].get(same_pte)
     if per_token:
         roof = bench_bandwidth.read_gb_s * 1e9 / per_token
         info.update(bytes_per_token=per_token, bandwidth_gb_s=bench_bandwidth.read_gb_s, roofline_tok_s=roof,
