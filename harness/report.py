@@ -128,10 +128,12 @@ def chart(data: dict, out: Path) -> Path:
     from harness.atomic import atomic_path
 
     infos = rows(data)
-    labels = [f"{i.get('kind')}\n{i.get('recipe')}" + ("\n(runner)" if i.get("via") == "runner" else "") for i in infos]
+    short = {"executorch": "ET", "executorch-native": "ET\nnative"}
+    labels = [f"{short.get(i.get('kind'), i.get('kind'))}\n{i.get('recipe')}" + ("\n(runner)" if i.get("via") == "runner" else "")
+              for i in infos]
     fig, axes = plt.subplots(1, 3, figsize=(4 + 1.6 * len(infos), 4.5))
-    for ax, key, title in zip(axes, ("prefill_tok_s", "decode_tok_s", "model_rss_mb"),
-                              ("prefill tok/s", "decode tok/s", "model RSS MB")):
+    for ax, key, title in zip(axes, ("prefill_tok_s", "decode_tok_s", "peak_rss_mb"),
+                              ("prefill tok/s", "decode tok/s", "peak RSS MB (whole process)")):
         values = [i.get(key) for i in infos]
         bars = ax.bar(range(len(infos)), [v or 0 for v in values],
                       color=["#4c72b0" if i.get("kind") != "llama.cpp" else "#dd8452" for i in infos])
