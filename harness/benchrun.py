@@ -239,7 +239,7 @@ class IsolatedRunner:
             self._stderr.seek(0)
             err = self._stderr.read().strip().splitlines()
             last = next((l for l in reversed(err) if l.strip()), "no output")
-            raise HarnessError(f"{self.runtime} on {self.artifact}: its benchmark process ended "
+            raise HarnessError(f"{self.runtime} on {self.artifact}: its process ended "
                                f"(exit {self.returncode}: {last.strip()})",
                                "run it by hand: " + " ".join(self._cmd))
         return json.loads(line)

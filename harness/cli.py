@@ -6,6 +6,7 @@ Errors the user can fix print one line on stderr and exit 2; ``--debug`` shows t
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -136,14 +137,22 @@ def cmd_generate(args) -> int:
     from harness.cliguard import check_prompt
 
     ids = encode_prompt(tokenizer, check_prompt(args.prompt))
-    gen = greedy(
-        runner.step, ids, args.max_new_tokens, eos_ids=frozenset(eos),
-        max_context=int(meta.get("get_max_context_len", 0)) or None,
-        vocab_size=int(meta.get("get_vocab_size", 0)) or None,
-    )
-    print(tokenizer.decode(gen.ids, skip_special_tokens=True))
+    if args.native:  # the torch-free native runner (harness/native.py), in a process of its own
+        from harness.benchrun import NATIVE, IsolatedRunner
+
+        with IsolatedRunner(f"{NATIVE}:cli", str(args.pte), os.cpu_count() or 1) as child:
+            out = child.generate(ids, args.max_new_tokens).ids  # it never stops early: cut at EOS here
+        cut = next((i + 1 for i, t in enumerate(out) if t in eos), len(out))
+        gen_ids = out[:cut]
+    else:
+        gen_ids = greedy(
+            runner.step, ids, args.max_new_tokens, eos_ids=frozenset(eos),
+            max_context=int(meta.get("get_max_context_len", 0)) or None,
+            vocab_size=int(meta.get("get_vocab_size", 0)) or None,
+        ).ids
+    print(tokenizer.decode(gen_ids, skip_special_tokens=True))
     if args.ids:
-        print(gen.ids)
+        print(gen_ids)
     return 0
 
 
@@ -303,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-new-tokens", type=at_least(1), default=9)
     g.add_argument("--ids", action="store_true", help="also print the generated token ids")
+    g.add_argument("--native", action="store_true",
+                   help="run the .pte through the native runner (ExecuTorch's C++ runtime, no Python, no libtorch)")
     g.set_defaults(func=cmd_generate)
 
     v = sub.add_parser("verify", help="check a .pte against the goldens")

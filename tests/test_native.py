@@ -236,3 +236,26 @@ def test_native_llama_kernels_equal_executorchs(binary, tmp_path, kind, heads, k
         theirs = python_logits(pte, prompt, chunk)
         err = (ours - theirs).abs().max().item()
         assert err <= 1e-5, f"{kind} H={heads} Hkv={kv_heads} D={head_dim} chunks of {chunk}: max |diff| {err}"
+
+
+def test_harness_generate_native_says_what_the_python_runtime_says(pipeline):
+    """``harness generate --native`` (the torch-free runner, cut at EOS) prints the same answer and
+    ids as ``harness generate`` through the Python runtime."""
+    import sys
+
+    pte = str(pipeline("8da4w-fast").pte_path)
+    for prompt in FIXTURE_PROMPTS[:3]:
+        outs = [subprocess.run([sys.executable, "-m", "harness", "generate", "--pte", pte, "--prompt", prompt, "--ids",
+                                *extra], capture_output=True, text=True, timeout=300) for extra in ([], ["--native"])]
+        assert all(o.returncode == 0 for o in outs), [o.stderr[-300:] for o in outs]
+        assert outs[0].stdout == outs[1].stdout, (prompt, outs[0].stdout, outs[1].stdout)
+
+
+def test_harness_generate_native_refuses_a_long_request_with_one_line(pipeline):
+    import sys
+
+    pte = str(pipeline("8da4w-fast").pte_path)
+    out = subprocess.run([sys.executable, "-m", "harness", "generate", "--pte", pte, "--prompt", "Hi", "--native",
+                          "--max-new-tokens", "500"], capture_output=True, text=True, timeout=300)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "exceed the program's 128-token context" in lines[0], out.stderr
