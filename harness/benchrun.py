@@ -178,12 +178,7 @@ def measure_in_child(runtime: str, artifact: str, threads: int, prompt: list[int
 def run_worker(args: list[str], what: str, stdin: str | None = None, timeout: float = 900) -> dict:
     """``python -m harness.benchworker ARGS`` in a fresh process: its last stdout line as JSON, or
     one line naming ``what`` failed and the child's last error line."""
-    cmd = [sys.executable, "-m", "harness.benchworker", *args]
-    out = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout, env=_child_env())
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise HarnessError(f"{what} failed ({last})", "run the same command by hand: " + " ".join(cmd[:5]) + " ...")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return _run_json([sys.executable, "-m", "harness.benchworker", *args], what, stdin, timeout)
 
 
 def native_command(artifact: str, threads: int, args: list[str]) -> list[str]:
@@ -193,11 +188,14 @@ def native_command(artifact: str, threads: int, args: list[str]) -> list[str]:
 
 
 def _run_native(artifact: str, threads: int, args: list[str], what: str, timeout: float) -> dict:
-    cmd = native_command(artifact, threads, args)
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return _run_json(native_command(artifact, threads, args), what, None, timeout)
+
+
+def _run_json(cmd: list[str], what: str, stdin: str | None, timeout: float) -> dict:
+    out = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout, env=_child_env())
     if out.returncode != 0:
         last = next((l for l in reversed(out.stderr.strip().splitlines()) if l.strip()), "no output")
-        raise HarnessError(f"{what} failed ({last.strip()})", "run the same command by hand: " + " ".join(cmd[:4]) + " ...")
+        raise HarnessError(f"{what} failed ({last.strip()})", "run the same command by hand: " + " ".join(cmd[:5]) + " ...")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
