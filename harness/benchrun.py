@@ -126,9 +126,8 @@ class Runner:
 
             self.generate = generate
         elif kind == NATIVE:
-            child = IsolatedRunner(runtime, artifact, threads)  # a C++ program: always its own process
-            self.generate = child.generate
-            self._child = child
+            raise HarnessError(f"{runtime} is a C++ program, not something to load into Python",
+                               "drive it with IsolatedRunner (its own process)")
         else:
             raise HarnessError(f"unknown runtime {runtime!r}",
                                f"use eager:fp32, executorch:RECIPE, {NATIVE}:RECIPE or llama.cpp:f32|q4_0")
