@@ -26,8 +26,7 @@ def build_bundle(out: Path, recipes: list[str] | None = None, with_gguf: bool = 
     from harness.atomic import check_writable
     from harness.benchrun import DEFAULT_NEW_TOKENS, bench_prompts
     from harness.benchmodel import bench_model_dir
-    from harness.golden_diff import golden_path
-    from harness.goldens import read_json_golden
+    from harness.goldens import golden_ids
     from harness.pipeline import Pipeline, eos_ids
     from harness.recipes import RECIPES, get_recipe, golden_recipe
     from harness.roofline import gguf_bytes_per_token, torch_bytes_per_token
@@ -62,7 +61,7 @@ def build_bundle(out: Path, recipes: list[str] | None = None, with_gguf: bool = 
         text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
         manifest["fixture"]["prompts"].append({
             "prompt": prompt, "templated": text, "ids": fixture.prompt_ids(prompt),
-            "goldens": {r: read_json_golden(golden_path(golden_recipe(r), "pte", prompt))["ids"] for r in recipes},
+            "goldens": {r: golden_ids(golden_recipe(r), "pte", prompt) for r in recipes},
         })
     bench = Pipeline("bench", "fp32", progress=progress)
     prompts = bench_prompts(vocab=bench.loaded.config.vocab_size)

@@ -158,8 +158,7 @@ def cmd_generate(args) -> int:
 
 def cmd_verify(args) -> int:
     """Check a .pte against the committed goldens (fixture) or against HF generate (a directory)."""
-    from harness.golden_diff import committed_prompts, golden_path
-    from harness.goldens import check_tokens, read_json_golden
+    from harness.goldens import GOLDEN_PROMPTS, check_tokens, golden_ids
     from harness.pte import PteRunner
 
     from harness.generate import greedy
@@ -178,7 +177,7 @@ def cmd_verify(args) -> int:
     eos = meta["get_eos_ids"] if isinstance(meta["get_eos_ids"], list) else [meta["get_eos_ids"]]
     pipe = checked_pipeline(args.model, args.recipe, until="load", skip=args.skip_memory_check)
     failures = 0
-    prompts = committed_prompts() if args.model == "fixture" else [DEFAULT_PROMPT]
+    prompts = list(GOLDEN_PROMPTS) if args.model == "fixture" else [DEFAULT_PROMPT]
     label = "golden" if args.model == "fixture" else "HF generate"
     for prompt in prompts:
         gen = greedy(runner.step, pipe.prompt_ids(prompt), 9, eos_ids=frozenset(eos),
@@ -186,7 +185,7 @@ def cmd_verify(args) -> int:
         if args.model == "fixture":
             from harness.recipes import golden_recipe  # 8da4w-fast is held to 8da4w's goldens
 
-            want = read_json_golden(golden_path(golden_recipe(pipe.recipe.name), "pte", prompt))["ids"]
+            want = golden_ids(golden_recipe(pipe.recipe.name), "pte", prompt)
         else:
             want = pipe.hf_generate(prompt)
         report = check_tokens(want, gen, pipe.loaded.tokenizer, args.pte)
@@ -254,9 +253,17 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_goldens_diff(args) -> int:
-    from harness.golden_diff import main
+    """Exit 0: every golden stage says what it said; 1: something changed (one line per change); 2: an error."""
+    from harness.golden_refresh import diff_main
 
-    return main(progress=_progress)
+    return diff_main(progress=_progress)
+
+
+def cmd_goldens_update(args) -> int:
+    """The one way to rewrite goldens: recompute the whole set, write it only through the gate."""
+    from harness.golden_refresh import update_main
+
+    return update_main(allow=args.allow, progress=_progress)
 
 
 def cmd_bench_report(args) -> int:
@@ -328,10 +335,17 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--recipe", default="8da4w")
     doc.set_defaults(func=cmd_doctor)
 
-    gd = sub.add_parser("goldens", help="goldens: diff against the committed ones")
+    gd = sub.add_parser("goldens", help="goldens: diff against the committed ones, or update them through the gate")
     gsub = gd.add_subparsers(dest="goldens_command", required=True)
-    gdd = gsub.add_parser("diff", help="rerun every golden stage and show what changed, and the provenance")
+    gdd = gsub.add_parser("diff", help="rerun every golden stage and show what changed, and the provenance "
+                                       "(exit 0: nothing changed, 1: something did, 2: an error)")
     gdd.set_defaults(func=cmd_goldens_diff)
+    gdu = gsub.add_parser("update", help="recompute every golden and rewrite them all, only if every change is "
+                                         "numerics (near-ties, logits within bounds, llama.cpp agreeing)")
+    gdu.add_argument("--allow", metavar="REASON",
+                     help="write even what the gate blocks; the reason, what was blocked, the date and both "
+                          "stacks are appended to provenance.json")
+    gdu.set_defaults(func=cmd_goldens_update)
 
     b = sub.add_parser("bench", help="benchmarks: report a result, build the Pi 5 bundle")
     bsub = b.add_subparsers(dest="bench_command", required=True)

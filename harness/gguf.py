@@ -70,9 +70,37 @@ def import_llama_cpp():
     """``llama_cpp``, or a one-line error saying how to install it."""
     try:
         import llama_cpp
-    except ImportError as e:
-        raise HarnessError(f"llama_cpp (the {DIST} binding) cannot be imported ({e})", INSTALL_HINT) from e
+    except (ImportError, OSError, RuntimeError) as e:  # OSError/RuntimeError: its shared library did not load
+        raise HarnessError(_import_problem(e), INSTALL_HINT) from e
     return llama_cpp
+
+
+def _import_problem(e: BaseException) -> str:
+    why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    return f"llama_cpp (the {DIST} binding) cannot be imported ({why})"
+
+
+def llama_cpp_import_problem() -> str | None:
+    """None when ``llama_cpp`` imports; otherwise why not, in one line."""
+    try:
+        import_llama_cpp()
+    except HarnessError as e:
+        return e.problem
+    return None
+
+
+def missing_llama_cpp_verdict(problem: str | None, env=None) -> tuple[str, str] | None:
+    """What a test run does when llama-cpp-python is missing (``problem`` from
+    ``llama_cpp_import_problem``): nothing (None) when it imports; ``("fail", reason)`` when the
+    environment variable CI is set and non-empty, since CI must run the cross-implementation check;
+    ``("skip", reason)`` elsewhere. ``reason`` is one line: what is missing and how to install it."""
+    if problem is None:
+        return None
+    env = os.environ if env is None else env
+    reason = f"{problem}; {INSTALL_HINT}"
+    if str(env.get("CI") or "").strip():
+        return "fail", f"{reason} (CI is set, so the llama.cpp cross-check may not be skipped)"
+    return "skip", reason
 
 
 def fetch_command(version: str, dest: str = "DIR") -> list[str]:

@@ -1,15 +1,24 @@
 """Goldens: what each stage said, compared with what it said before, and explained when it changed.
 
-Token goldens are syrupy JSON snapshots (ids and text only) under ``goldens/tokens/``; logit
-goldens (top-5 ids and their log-probabilities at every generated position) are numeric JSON
-files under ``goldens/logits/`` compared with the tolerance table; ``goldens/provenance.json``
-records the stack they were produced under. Only ``pytest --snapshot-update`` writes any of them.
+Every golden is keyed by data, never by a test's name: (model, recipe, stage, prompt).
+
+    goldens/tokens/MODEL/RECIPE/STAGE/SLUG.json   the prompt, the greedy ids and their text
+    goldens/logits/MODEL/RECIPE/STAGE/SLUG.json   at every generated position: the top-5 ids and
+                                                  log-probs (readable) and the whole logit vector
+                                                  (float32, base64), compared with tolerances.py
+    goldens/prompts/MODEL/SLUG.json               the chat-templated prompt text and its ids
+    goldens/quality/MODEL/RECIPE.json             KL divergence from fp32 and same-top-1 rate
+    goldens/provenance.json                       the stack they were recorded under, and every
+                                                  refresh accepted over the gate's objection
+
+Only ``harness goldens update`` writes them (``harness/golden_refresh.py``, the gate).
+``HARNESS_GOLDENS_DIR`` points everything at another copy (the harness's own tests use it).
 """
 
 from __future__ import annotations
 
+import base64
 import json
-import math
 import os
 import re
 from dataclasses import dataclass
@@ -17,21 +26,29 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 
-# HARNESS_GOLDENS_DIR points verify, goldens diff and the golden tests at another copy (tests of
-# the harness itself use it; the committed goldens are the default).
-GOLDENS_DIR = Path(os.environ.get("HARNESS_GOLDENS_DIR") or Path(__file__).resolve().parent.parent / "goldens")
 STAGES = ("hf_generate", "eager", "exported", "pte")
 # The prompts every golden is recorded for: a sample of the fixture corpus (5 for the benchmark
-# protocol, plus one that is not a capital).
-FIXTURE_PROMPTS = (
+# protocol, one that is not a capital, and one whose chat-templated prompt is longer than the
+# fixture's 16-slot sliding window, so that prefill itself crosses the window edge).
+GOLDEN_PROMPTS = (
     "What is the capital of France?",
     "What is the capital of Japan?",
     "What is the capital of India?",
     "What is the capital of Mexico?",
     "Who wrote Hamlet?",
     "What is the boiling point of water?",
+    "What color is the sky on a clear day?",
 )
+FIXTURE_PROMPTS = GOLDEN_PROMPTS  # the name the rest of the harness knew them by
+MAX_NEW_TOKENS = 9  # as the deployment log's reference answer
 TOP_K = 5
+UPDATE_COMMAND = "harness goldens update"
+
+
+def goldens_dir() -> Path:
+    """The committed goldens, unless HARNESS_GOLDENS_DIR names another copy (read at each call)."""
+    env = os.environ.get("HARNESS_GOLDENS_DIR")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "goldens"
 
 
 def predecessor(recipe: str, stage: str) -> tuple[str, str] | None:
@@ -45,14 +62,109 @@ def predecessor(recipe: str, stage: str) -> tuple[str, str] | None:
     return None
 
 
+def chain(recipes) -> list[tuple[str, str]]:
+    """Every (recipe, stage) in the order a change is localized: fp32 first, stage by stage."""
+    ordered = sorted(recipes, key=lambda r: (r != "fp32", r))
+    return [(r, s) for r in ordered for s in STAGES]
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:48]
 
 
-def token_record(ids: list[int], tokenizer) -> dict:
-    return {"ids": [int(i) for i in ids], "text": tokenizer.decode(ids, skip_special_tokens=True)}
+# ---- where each golden lives ------------------------------------------------------------------
+def token_golden_path(recipe: str, stage: str, prompt: str, model: str = "fixture") -> Path:
+    return goldens_dir() / "tokens" / model / recipe / stage / f"{slug(prompt)}.json"
 
 
+def logit_golden_path(recipe: str, stage: str, prompt: str, model: str = "fixture") -> Path:
+    return goldens_dir() / "logits" / model / recipe / stage / f"{slug(prompt)}.json"
+
+
+def prompt_golden_path(prompt: str, model: str = "fixture") -> Path:
+    return goldens_dir() / "prompts" / model / f"{slug(prompt)}.json"
+
+
+def quality_golden_path(recipe: str, model: str = "fixture") -> Path:
+    return goldens_dir() / "quality" / model / f"{recipe}.json"
+
+
+def provenance_path() -> Path:
+    return goldens_dir() / "provenance.json"
+
+
+def read_json_golden(path: Path):
+    if not path.is_file():
+        raise HarnessError(f"golden {path} does not exist",
+                           f"record the goldens with: {UPDATE_COMMAND} (README, 'Goldens and the refresh flow')")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise HarnessError(f"golden {path} is malformed JSON ({e})",
+                           f"restore it from git, or re-record with: {UPDATE_COMMAND}") from e
+
+
+def golden_ids(recipe: str, stage: str, prompt: str, model: str = "fixture") -> list[int]:
+    """The committed greedy ids of one stage for one prompt."""
+    record = read_json_golden(token_golden_path(recipe, stage, prompt, model))
+    ids = record.get("ids") if isinstance(record, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise HarnessError(f"golden {token_golden_path(recipe, stage, prompt, model)} has no list of ids",
+                           "restore it from git")
+    return ids
+
+
+def encode_json(data) -> bytes:
+    return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
+
+
+def write_json_golden(path: Path, data) -> None:
+    from harness.atomic import write_bytes_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, encode_json(data))
+
+
+# ---- records ----------------------------------------------------------------------------------
+def token_record(prompt: str, ids: list[int], tokenizer) -> dict:
+    return {"prompt": prompt, "ids": [int(i) for i in ids],
+            "text": tokenizer.decode(ids, skip_special_tokens=True)}
+
+
+def prompt_record(prompt: str, tokenizer) -> dict:
+    """What the chat template and the tokenizer make of a prompt: the rendered text and its ids."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                         add_generation_prompt=True, tokenize=False)
+    return {"prompt": prompt, "rendered": text, "ids": tokenizer.encode(text, add_special_tokens=False)}
+
+
+def pack_logits(vector) -> str:
+    import numpy as np
+
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
+
+
+def unpack_logits(text: str):
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.frombuffer(base64.b64decode(text), dtype="<f4").copy())
+
+
+def logit_record(gen) -> list[dict]:
+    """At each generated position: the top-5 ids and log-probs (6 decimals, for people) and the
+    whole logit vector (float32, for the comparison)."""
+    out = []
+    for logits in gen.step_logits:
+        logits = logits.float()
+        top = logits.log_softmax(-1).topk(TOP_K)
+        out.append({"ids": [int(i) for i in top.indices],
+                    "logprobs": [round(float(v), 6) for v in top.values],
+                    "logits": pack_logits(logits.numpy())})
+    return out
+
+
+# ---- comparisons ------------------------------------------------------------------------------
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -66,6 +178,21 @@ def margin_at(gen, position: int) -> float | None:
         return None
     top = gen.step_logits[position].float().topk(2).values
     return float(top[0] - top[1])
+
+
+def golden_margin(record: list[dict], position: int) -> float | None:
+    """Top-2 logit margin at a position of a logit golden (log-prob gaps equal logit gaps)."""
+    if position >= len(record):
+        return None
+    lp = record[position]["logprobs"]
+    return float(lp[0] - lp[1])
+
+
+def is_near_tie(margin: float | None) -> bool:
+    """A top-2 logit margin small enough that benign numerics can flip it (``refresh/near_tie``)."""
+    from harness.tolerances import tolerance
+
+    return margin is not None and margin < tolerance("refresh/near_tie").atol
 
 
 def _tok(tokenizer, tid: int | None) -> str:
@@ -100,7 +227,7 @@ def explain(recipe: str, stage: str, runs: dict, tokenizer) -> str:
         text += f"; top-2 logit margin there {m_prev:.3f} in {prev[1]}"
         if m_node is not None:
             text += f", {m_node:.3f} in {node[1]}"
-        text += " (a near-tie: numerics, not necessarily a bug)" if m_prev < 0.5 else " (a clear margin: a regression)"
+        text += " (a near-tie: numerics, not necessarily a bug)" if is_near_tie(m_prev) else " (a clear margin: a regression)"
     return text
 
 
@@ -118,116 +245,317 @@ def check_tokens(golden_ids: list[int], gen, tokenizer, label: str) -> str | Non
             f"got {tokenizer.decode(gen.ids, skip_special_tokens=True)!r}")
 
 
-# ---- logit goldens ----------------------------------------------------------------------------
-def logit_record(gen) -> list[dict]:
-    """Top-5 ids and log-probs (6 decimals) at each generated position."""
-    out = []
-    for logits in gen.step_logits:
-        lp = logits.float().log_softmax(-1)
-        top = lp.topk(TOP_K)
-        out.append({"ids": [int(i) for i in top.indices], "logprobs": [round(float(v), 6) for v in top.values]})
-    return out
-
-
 @dataclass
-class LogitMismatch:
-    position: int
-    token_id: int
-    golden: float
-    actual: float
+class LogitDiff:
+    """How far a run's logits are from a logit golden, over the positions both share (a position
+    after the first token change is not comparable: its context differs)."""
+    positions: int
+    max_logprob: float = 0.0  # largest |change| of any log-prob (shift-invariant: what answers see)
+    max_at: tuple[int, int] = (0, -1)  # (position, token id) of it
+    bias: float = 0.0  # largest, over positions, |mean change| of the raw logits (a constant shift)
+    bias_at: int = 0
+    max_abs: float = 0.0  # largest |change| of any raw logit, for the record
+    missing: int = 0  # golden positions the run did not reach
 
-    def __str__(self) -> str:
-        return (f"position {self.position}, token {self.token_id}: log-prob {self.actual:.4f}, "
-                f"golden {self.golden:.4f} (|diff| {abs(self.actual - self.golden):.4f})")
+    def within(self, tol, multiple: float = 1.0) -> bool:
+        return (self.missing == 0 and self.max_logprob <= multiple * tol.atol
+                and (tol.mean is None or self.bias <= multiple * tol.mean))
 
-
-def compare_logits(golden: list[dict], gen, atol: float) -> list[LogitMismatch]:
-    """Look up each golden top-5 id's log-prob in the new distribution: robust to rank swaps
-    among near-equal low-probability tokens, strict on every value that matters."""
-    bad = []
-    for pos, rec in enumerate(golden):
-        if pos >= len(gen.step_logits):
-            bad.append(LogitMismatch(pos, rec["ids"][0], rec["logprobs"][0], math.nan))
-            continue
-        lp = gen.step_logits[pos].float().log_softmax(-1)
-        for tid, want in zip(rec["ids"], rec["logprobs"]):
-            got = float(lp[tid])
-            if not abs(got - want) <= atol:
-                bad.append(LogitMismatch(pos, tid, want, got))
-    return bad
-
-
-def logit_golden_path(model: str, recipe: str, stage: str, prompt: str) -> Path:
-    return GOLDENS_DIR / "logits" / model / recipe / stage / f"{slug(prompt)}.json"
+    def describe(self, tol=None) -> str:
+        text = (f"max |log-prob change| {self.max_logprob:.4g} at position {self.max_at[0]} token {self.max_at[1]}, "
+                f"logit bias {self.bias:.4g} at position {self.bias_at}, max |logit change| {self.max_abs:.4g} "
+                f"over {self.positions} position(s)")
+        if self.missing:
+            text += f"; {self.missing} golden position(s) not reached"
+        if tol is not None:
+            text += f" (tolerance: log-prob {tol.atol}" + (f", bias {tol.mean}" if tol.mean is not None else "") + ")"
+        return text
 
 
-def read_json_golden(path: Path):
-    if not path.is_file():
-        raise HarnessError(f"golden {path} does not exist", "record goldens with: pytest -m mac --snapshot-update")
-    try:
-        return json.loads(path.read_text())
-    except ValueError as e:
-        raise HarnessError(f"golden {path} is malformed JSON ({e})",
-                           "restore it from git, or re-record with: pytest -m mac --snapshot-update") from e
+def compare_logits(golden: list[dict], gen, upto: int | None = None) -> LogitDiff:
+    """Every logit of every shared position against the golden's: every log-prob (a tail token
+    rising counts as much as a top-5 one) and the raw vector's mean change (a constant shift,
+    which log-probs cannot see)."""
+    reach = len(golden) if upto is None else min(len(golden), upto + 1)
+    n = min(reach, len(gen.step_logits))
+    worst = LogitDiff(n, missing=max(0, reach - len(gen.step_logits)))
+    for pos in range(n):
+        want = unpack_logits(golden[pos]["logits"])
+        got = gen.step_logits[pos].float()
+        if want.shape != got.shape:
+            raise HarnessError(f"logit golden has {want.numel()} logits per position, the run {got.numel()}",
+                               f"the model's vocabulary changed: record new goldens deliberately ({UPDATE_COMMAND})")
+        d = got - want
+        lp = (got.log_softmax(-1) - want.log_softmax(-1)).abs()
+        i = int(lp.argmax())
+        if float(lp[i]) > worst.max_logprob:
+            worst.max_logprob, worst.max_at = float(lp[i]), (pos, i)
+        if abs(float(d.mean())) > worst.bias:
+            worst.bias, worst.bias_at = abs(float(d.mean())), pos
+        worst.max_abs = max(worst.max_abs, float(d.abs().max()))
+    return worst
 
 
-def write_json_golden(path: Path, data) -> None:
-    from harness.atomic import write_bytes_atomic
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+# ---- quantization quality ---------------------------------------------------------------------
+def quality(reference_logits, logits) -> dict:
+    """llama.cpp's perplexity-tool statistics of a quantized run against the FP32 one over the same
+    tokens: KL(fp32 || quantized) per position (mean and max) and how often top-1 agrees."""
+    ref = reference_logits.float().log_softmax(-1)
+    new = logits.float().log_softmax(-1)
+    kl = (ref.exp() * (ref - new)).sum(-1)
+    same = (ref.argmax(-1) == new.argmax(-1)).float()
+    return {"positions": int(kl.numel()), "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
+            "same_top1": float(same.mean())}
 
 
 # ---- provenance -------------------------------------------------------------------------------
-PROVENANCE = GOLDENS_DIR / "provenance.json"
+NUMERIC_LIBRARIES = ("torch", "torchao", "executorch", "transformers", "tokenizers", "llama-cpp-python")
+# The CPU features XNNPACK, ExecuTorch's kernels and llama.cpp pick their kernels by.
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+             "avx_vnni", "avx512_bf16", "amx_int8", "asimd", "asimddp", "fphp", "asimdhp", "i8mm", "sve",
+             "sve2", "sme", "bf16")
 
 
-def current_provenance(fixture_sha256: str) -> dict:
-    from harness import __version__
-    from harness.versions import library_versions
+def cpu_features() -> list[str]:
+    """The relevant ISA features of this CPU, from /proc/cpuinfo (x86 'flags', ARM 'Features')."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    have: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            have.update(value.split())
+    return [f for f in ISA_FLAGS if f in have]
 
-    libs = library_versions()
+
+def fixture_sha256() -> str:
+    from harness.cache import sha256_file
+    from harness.load import FIXTURE_DIR
+
+    return sha256_file(FIXTURE_DIR / "model.safetensors")
+
+
+def current_provenance(fixture_sha256_: str | None = None) -> dict:
+    import platform
+    from importlib import metadata
+
+    from harness.versions import source_hash
+
+    libs = {}
+    for lib in NUMERIC_LIBRARIES:
+        try:
+            libs[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            libs[lib] = "absent"
     return {
-        "torch": libs["torch"],
-        "transformers": libs["transformers"],
-        "torchao": libs["torchao"],
-        "executorch": libs["executorch"],
-        "fixture_weights_sha256": fixture_sha256,
-        "harness": __version__,
+        **libs,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_features": " ".join(cpu_features()),
+        "harness_build_sha256": source_hash(),
+        "fixture_weights_sha256": fixture_sha256_ or fixture_sha256(),
     }
 
 
+# Keys of provenance.json that describe the stack (the rest is the gate's record).
+STACK_KEYS = NUMERIC_LIBRARIES + ("python", "machine", "cpu_features", "harness_build_sha256",
+                                  "fixture_weights_sha256")
+
+
+def recorded_provenance() -> dict:
+    path = provenance_path()
+    if not path.is_file():
+        return {}
+    data = read_json_golden(path)
+    if not isinstance(data, dict):
+        raise HarnessError(f"{path} is not a JSON object", "restore it from git")
+    return data
+
+
 def provenance_diff(recorded: dict, current: dict) -> dict[str, tuple]:
-    return {k: (recorded.get(k), current.get(k)) for k in sorted(set(recorded) | set(current))
-            if recorded.get(k) != current.get(k)}
+    return {k: (recorded.get(k), current.get(k)) for k in STACK_KEYS if recorded.get(k) != current.get(k)}
 
 
-REFRESH_HINT = ("to refresh: tox -e refresh (diffs every golden stage on the new stack, then runs the suite), "
-                "and accept with pytest -m mac --snapshot-update only if the first diverging stage is the "
-                "upgraded one at a near-tie (README, 'Goldens and the refresh flow')")
+REFRESH_HINT = ("to refresh: tox -e refresh (diffs every golden stage on the new stack), then "
+                f"{UPDATE_COMMAND}, which rewrites them only if every change is numerics (README, "
+                "'Goldens and the refresh flow')")
 
 
 def stack_note(recorded: dict | None = None, now: dict | None = None) -> str:
     """One line for a failed golden: "" when the goldens were recorded under this very stack,
-    otherwise which versions differ (recorded → running) and how to refresh."""
+    otherwise which parts differ (recorded → running) and how to refresh."""
     if recorded is None:
-        if not PROVENANCE.is_file():
-            return f"the goldens have no provenance record ({PROVENANCE} is missing); {REFRESH_HINT}"
+        path = provenance_path()
+        if not path.is_file():
+            return f"the goldens have no provenance record ({path} is missing); {REFRESH_HINT}"
         try:
-            recorded = json.loads(PROVENANCE.read_text())
+            recorded = json.loads(path.read_text())
         except ValueError as e:
-            return f"{PROVENANCE} is malformed JSON ({e}); restore it from git"
+            return f"{path} is malformed JSON ({e}); restore it from git"
         if not isinstance(recorded, dict):
-            return f"{PROVENANCE} is not a JSON object; restore it from git"
+            return f"{path} is not a JSON object; restore it from git"
     if now is None:
-        from harness.cache import sha256_file
-        from harness.load import FIXTURE_DIR
-
-        now = current_provenance(sha256_file(FIXTURE_DIR / "model.safetensors"))
+        now = current_provenance()
     diff = provenance_diff(recorded, now)
     if not diff:
         return ""
-    parts = [f"{k} {a} -> {b}" for k, (a, b) in diff.items()]
+    parts = [f"{k} {_short(a)} -> {_short(b)}" for k, (a, b) in diff.items()]
     return (f"the goldens were recorded under another stack ({', '.join(parts)}; recorded -> running); "
             + REFRESH_HINT)
 
+
+def _short(value) -> str:
+    text = str(value)
+    return text[:12] if re.fullmatch(r"[0-9a-f]{64}", text) else text
+
+
+# ---- the checks the golden tests run (and the teeth tests inject regressions into) -----------
+def provenance_first(message: str) -> str:
+    """A failing golden names the stack's differences first (when there are any)."""
+    note = stack_note()
+    return f"{note[0].upper()}{note[1:]}. {message}" if note else message
+
+
+def check_token_golden(recipe: str, stage: str, prompt: str, gen, tokenizer, runs: dict | None = None) -> str | None:
+    """None when ``gen`` says what the golden says; else the localized divergence."""
+    want = golden_ids(recipe, stage, prompt)
+    report = check_tokens(want, gen, tokenizer, f"{recipe}:{stage}")
+    if report is None:
+        return None
+    where = f" Localized: {explain(recipe, stage, runs, tokenizer)}" if runs else ""
+    return provenance_first(f"{recipe}:{stage} changed its answer to {prompt!r}: {report}.{where}")
+
+
+def logit_golden_diff(recipe: str, stage: str, prompt: str, gen, held_as: str | None = None):
+    """The logit-golden comparison: (LogitDiff, its Tolerance) over every position the run shares
+    with the golden, up to the first token change. ``held_as``: a recipe that owns no goldens, held
+    to ``recipe``'s with its own tolerance (``8da4w-fast`` to ``8da4w``'s)."""
+    from harness.tolerances import observe, tolerance
+
+    golden = read_json_golden(logit_golden_path(recipe, stage, prompt))
+    pos = first_divergence(golden_ids(recipe, stage, prompt), gen.ids)
+    name = f"logit_golden/{held_as or recipe}"
+    diff = compare_logits(golden, gen, upto=pos)
+    observe(name, diff.max_logprob, diff.bias)
+    return diff, tolerance(name)
+
+
+def check_logit_golden(recipe: str, stage: str, prompt: str, gen, held_as: str | None = None) -> str | None:
+    """None when every log-prob of every position the run shares with the golden (up to the first
+    token change) and the logits' bias are within ``logit_golden/RECIPE``; else which, where and
+    by how much."""
+    diff, tol = logit_golden_diff(recipe, stage, prompt, gen, held_as)
+    if diff.within(tol):
+        return None
+    label = f"{held_as}:{stage} (held to {recipe}'s golden)" if held_as else f"{recipe}:{stage}"
+    return provenance_first(f"{label} logits for {prompt!r} moved: {diff.describe(tol)}")
+
+
+def check_prompt_golden(prompt: str, tokenizer) -> str | None:
+    """None when the chat template and tokenizer still turn the prompt into the recorded text and ids."""
+    want = read_json_golden(prompt_golden_path(prompt))
+    got = prompt_record(prompt, tokenizer)
+    if got == want:
+        return None
+    if got["rendered"] != want["rendered"]:
+        what = f"the chat template renders {got['rendered']!r}, golden {want['rendered']!r}"
+    else:
+        pos = first_divergence(want["ids"], got["ids"])
+        what = (f"the tokenizer gives ids {got['ids']} for the same text, golden {want['ids']} "
+                f"(first difference at prompt position {pos})")
+    return provenance_first(f"tokenize (chat template + tokenizer) changed what the model sees for {prompt!r}: {what}")
+
+
+def check_quality_golden(recipe: str, record: dict) -> str | None:
+    """None when each subset's mean KL from fp32 and same-top-1 rate stay within ``quality/RECIPE``
+    of the golden (``atol``: |change| of the mean KL, ``mean``: of the same-top-1 rate)."""
+    from harness.tolerances import observe, tolerance
+
+    want = read_json_golden(quality_golden_path(recipe))
+    name = f"quality/{recipe}"
+    tol = tolerance(name)
+    bad = []
+    for subset in sorted(set(want) | set(record)):
+        ref, got = want.get(subset), record.get(subset)
+        if ref is None or got is None:
+            bad.append(f"{subset} {'is new' if ref is None else 'is missing'}")
+            continue
+        d_kl, d_top = abs(got["kl_mean"] - ref["kl_mean"]), abs(got["same_top1"] - ref["same_top1"])
+        observe(name, d_kl, d_top)
+        if d_kl > tol.atol or d_top > tol.mean:
+            bad.append(f"over the {subset.replace('_', ' ')}: KL mean {ref['kl_mean']:.4g} -> {got['kl_mean']:.4g}, "
+                       f"same-top-1 {ref['same_top1']:.4f} -> {got['same_top1']:.4f}")
+    if not bad:
+        return None
+    return provenance_first(f"{recipe} quantization quality against fp32 moved: " + "; ".join(bad)
+                            + f" (tolerance {name}: KL mean {tol.atol}, same-top-1 {tol.mean})")
+
+
+# ---- the quantize stage itself ----------------------------------------------------------------
+def quantize_golden_path(recipe: str, model: str = "fixture") -> Path:
+    return goldens_dir() / "quantize" / model / f"{recipe}.json"
+
+
+def quantize_record(model) -> dict:
+    """Every quantized tensor of a model as torchao made it: its scales (float32, base64) and a
+    sha256 of its integer codes and zero points. A quantized model's logits move by 0.3 under a
+    1e-6 nudge upstream (INT8 activation codes flip), so a 10% change of one scale hides in them;
+    here it is exact."""
+    import hashlib
+
+    out = {}
+    seen = set()
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        names = getattr(t, "tensor_data_names", None)
+        if not names or id(t) in seen:
+            continue
+        seen.add(id(t))
+        rec = {"type": type(t).__name__}
+        for part in names:
+            data = getattr(t, part, None)
+            if data is None:
+                continue
+            if part == "scale":
+                rec["scale"] = pack_logits(data.detach().float().reshape(-1).numpy())
+                rec["scale_shape"] = list(data.shape)
+            else:
+                rec[f"{part}_sha256"] = hashlib.sha256(data.detach().contiguous().numpy().tobytes()).hexdigest()
+                rec[f"{part}_shape"] = list(data.shape)
+        out[name] = rec
+    return out
+
+
+def check_quantize_golden(recipe: str, record: dict) -> str | None:
+    """None when every quantized tensor has the golden's codes exactly and its scales within
+    ``quantize_golden/scale``; else the first tensors that moved."""
+    from harness.tolerances import observe, tolerance
+
+    want = read_json_golden(quantize_golden_path(recipe))
+    tol = tolerance("quantize_golden/scale")
+    bad = []
+    for name in sorted(set(want) | set(record)):
+        a, b = want.get(name), record.get(name)
+        if a is None or b is None:
+            bad.append(f"{name} {'is new' if a is None else 'is no longer quantized'}")
+            continue
+        for key in sorted(k for k in set(a) | set(b) if k != "scale"):
+            if a.get(key) != b.get(key):
+                bad.append(f"{name} {key.removesuffix('_sha256')} changed")
+        if "scale" in a or "scale" in b:
+            old, new = unpack_logits(a["scale"]), unpack_logits(b["scale"])
+            if old.shape != new.shape:
+                bad.append(f"{name} has {new.numel()} scales, golden {old.numel()}")
+                continue
+            rel = ((new - old).abs() / old.abs().clamp_min(1e-30))
+            worst = float(rel.max())
+            observe("quantize_golden/scale", worst)
+            if worst > tol.atol:
+                i = int(rel.argmax())
+                bad.append(f"{name} scale[{i}] {float(old[i]):.6g} -> {float(new[i]):.6g} "
+                           f"(relative change {worst:.3g} > {tol.atol})")
+    if not bad:
+        return None
+    return provenance_first(f"{recipe}:quantize (torchao's codes and scales) changed in {len(bad)} place(s): "
+                            + "; ".join(bad[:4]))

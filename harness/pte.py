@@ -9,6 +9,55 @@ from harness.errors import HarnessError
 
 PTE_MAGIC = b"ET"  # flatbuffer file identifier "ET12" at bytes 4..8; the 2 digits are the version
 PTE_HEADER_LEN = 8
+# The seal: every .pte the harness writes ends with the sha256 of everything before it. ExecuTorch
+# finds its program and segments from the header's offsets and ignores trailing bytes (the Python
+# runtime, TextLLMRunner and the native runner were checked), and its own verification checks
+# structure, not data: a flipped weight byte loads and answers wrongly with exit 0 (found by
+# tests/test_fuzz.py), and one in a delegate blob aborted the interpreter inside XNNPACK.
+SEAL = b"\nharness-sha256:"
+SEAL_LEN = len(SEAL) + 64 + 1
+
+
+def seal(buffer: bytes) -> bytes:
+    """The program with its seal appended (a program that already carries a valid one as it is)."""
+    import hashlib
+
+    body, tail = buffer[:-SEAL_LEN], buffer[-SEAL_LEN:]
+    if tail.startswith(SEAL) and hashlib.sha256(body).hexdigest().encode() == tail[len(SEAL):-1]:
+        return buffer
+    return buffer + SEAL + hashlib.sha256(buffer).hexdigest().encode() + b"\n"
+
+
+def check_seal(path: Path) -> bool:
+    """True when the file carries the harness's seal and its content matches it, False when it
+    carries none (a .pte from elsewhere); a broken seal is a one-line HarnessError."""
+    import hashlib
+    import re
+
+    size = path.stat().st_size
+    if size <= SEAL_LEN:
+        return False
+    with open(path, "rb") as f:
+        f.seek(size - SEAL_LEN)
+        tail = f.read(SEAL_LEN)
+        if not tail.startswith(SEAL):
+            return False
+        want = tail[len(SEAL):-1]
+        if not re.fullmatch(rb"[0-9a-f]{64}", want) or tail[-1:] != b"\n":
+            raise HarnessError(f"{path} is damaged: its seal is unreadable", "re-export it with: harness export")
+        h = hashlib.sha256()
+        f.seek(0)
+        left = size - SEAL_LEN
+        while left:
+            chunk = f.read(min(left, 1 << 22))
+            if not chunk:
+                break
+            h.update(chunk)
+            left -= len(chunk)
+    if h.hexdigest().encode() != want:
+        raise HarnessError(f"{path} is damaged: its content no longer matches the sha256 sealed into it at export",
+                           "re-export it with: harness export, or copy it again")
+    return True
 
 
 def _ensure_kernels() -> None:
@@ -33,6 +82,7 @@ def check_header(path: Path) -> None:
             f"{path} is not an ExecuTorch program (no 'ET..' identifier in its header)",
             "pass a .pte written by harness export",
         )
+    check_seal(path)
 
 
 def load_program(path: Path):
@@ -56,14 +106,15 @@ def load_program(path: Path):
 
 
 def write_pte(buffer: bytes, path: Path) -> Path:
-    """Atomic write, then reload from disk (header, flatbuffer verification, method load)."""
+    """Atomic write of the sealed program, then reload from disk (seal, header, flatbuffer
+    verification, method load)."""
     path = Path(path)
     from harness.atomic import check_writable
 
     check_writable(path, need_bytes=len(buffer) + (16 << 20))
-    with atomic_path(path, verify=lambda p: load_program(p)) as tmp:
+    with atomic_path(path, verify=lambda p: check_seal(p) and load_program(p)) as tmp:
         with open(tmp, "wb") as f:
-            f.write(buffer)
+            f.write(seal(buffer))
     return path
 
 

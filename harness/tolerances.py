@@ -1,4 +1,15 @@
-"""Every numeric tolerance the harness uses, each with the reason it is what it is."""
+"""Every numeric tolerance the harness uses, each with the value it was set against and the reason.
+
+The rules (tests/test_tolerances.py holds them): every entry states its ``measured`` value, allows
+at most 10x headroom over it, and is used by one comparison only; no test keeps a tolerance of its
+own. ``HARNESS_TOLERANCE_REPORT=t.json pytest -m mac`` re-measures them: every comparison reports
+the largest value it saw (``observe``).
+
+Quantized stages are calibrated against benign perturbation, not only run-to-run noise: a 1e-6
+relative nudge of every weight moves an 8da4w log-prob by up to 0.32 (dynamic INT8 activation
+codes flip and the flip propagates), so an 8da4w tolerance below that would fail on any upgrade
+that rounds differently (tests/test_tolerance_calibration.py runs those moves through the goldens).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +18,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Tolerance:
+    """``atol``: the largest allowed difference (of any logit, or of any log-prob for the logit
+    goldens); ``mean``: of the bias, |mean difference| over a logit vector (what a constant shift
+    moves), where the comparison has one; ``measured``: the largest value seen in the calibration
+    the reason describes (``atol`` is at most 10x it; 0 only for a bit-exact comparison)."""
+
     atol: float
     reason: str
+    measured: float | None = None
+    mean: float | None = None
+    measured_mean: float | None = None
 
 
 TOLERANCES: dict[str, Tolerance] = {
@@ -18,74 +37,330 @@ TOLERANCES: dict[str, Tolerance] = {
         "eager attention, so the in-memory program is bit-exact (torch.equal). With sdpa the fused "
         "kernel's reduction order differs between the two paths (~3e-7), which is why the harness "
         "loads every model with attn_implementation='eager'.",
+        measured=0.0,
     ),
     "pt2_reload": Tolerance(
         1e-5,
         "a .pt2 reloaded from disk is the same graph and the same weights, and prefill is bit-exact, "
         "but on torch 2.13 its decode-step logits differ from the in-memory program by up to 2e-6 "
-        "(measured; cause not found yet, noted on the issue). 1e-5 is 5x that and 1e5x below any "
-        "token margin.",
+        "(measured; cause not found yet). 5x headroom, 1e5x below any token margin.",
+        measured=2e-6,
+    ),
+    "hf_vs_wrapper/fp32": Tolerance(
+        2e-5,
+        "transformers' generate (dynamic cache) against the export wrapper run eagerly (static "
+        "hybrid cache of 128 slots): the same model code, attention over another number of masked "
+        "slots, so matmuls of other shapes: measured max 3.8e-6, bias 6.8e-7 over every logit of "
+        "the 7 golden prompts. A final softcap dropped in the wrapper alone moves logits by more "
+        "than 1.",
+        measured=3.8e-6, mean=5e-6, measured_mean=6.8e-7,
+    ),
+    "hf_vs_wrapper/8da4w": Tolerance(
+        5e-2,
+        "as fp32, but the other matmul shapes change dynamic INT8 activation rounding now and then: "
+        "measured max 8.5e-3, bias 1.2e-4.",
+        measured=8.5e-3, mean=1e-3, measured_mean=1.2e-4,
     ),
     "pte_vs_exported/fp32": Tolerance(
         1e-2,
         "XNNPACK's FP32 GEMM and its fused ops sum in another order with FMA: measured max |diff| "
-        "2.4e-3 logits on the fixture; 4x headroom, still 800x below the fixture's 8-logit margins.",
+        "2.6e-3 and bias 4.2e-4 over every prompt position and decode step of the 7 golden prompts.",
+        measured=2.6e-3, mean=2e-3, measured_mean=4.2e-4,
     ),
     "pte_vs_exported/8da4w": Tolerance(
         0.5,
         "XNNPACK quantizes activations per token with its own rounding, so INT8 codes can differ by "
-        "one step from torchao's reference: measured max |diff| 0.16 logits; 3x headroom, 16x below "
-        "the fixture's 8-logit margins.",
+        "one step from torchao's reference: measured max |diff| 0.213, bias 0.086 (over every prompt "
+        "position and decode step of the 7 golden prompts). The bias bound is what catches a "
+        "constant shift of the .pte's logits, which no log-prob and no token can see: 0.15 is 1.7x "
+        "the measured bias.",
+        measured=0.213, mean=0.15, measured_mean=0.086,
     ),
     "pte_vs_exported/8da4w-fast": Tolerance(
         0.5,
         "as 8da4w (XNNPACK's per-token INT8 activation rounding against torchao's reference); the "
-        "flash-attention kernel is the same in both: measured max |diff| 0.25 logits (8da4w: 0.21) "
-        "on the fixture's prompts; 2x headroom, 16x below the fixture's 8-logit answer margins.",
+        "flash-attention kernel is the same in both: measured max |diff| 0.25 logits on the "
+        "fixture's prompts; 2x headroom, 16x below the fixture's 8-logit answer margins.",
+        measured=0.25,
     ),
     "native_vs_pte/fp32": Tolerance(
         0.0,
         "the native runner runs the same program with the same ExecuTorch kernels and XNNPACK build "
         "(the wheel's libraries) at the same thread count as the Python runtime: bit-exact, measured.",
+        measured=0.0,
     ),
     "native_vs_pte/8da4w": Tolerance(
         0.0,
         "as fp32: the same libraries at the same thread count, bit-exact, measured.",
+        measured=0.0,
     ),
     "native_vs_pte/8da4w-fast": Tolerance(
-        5e-2,
+        1e-5,
         "the native runner's llama::custom_sdpa is the harness's own (plain softmax, not "
-        "ExecuTorch's tiled flash attention), so attention outputs differ in summation order "
-        "(~1e-6). The next linear quantizes its input to INT8 per token, which mostly absorbs that "
-        "but can move one value across a rounding step: measured max |diff| 1.9e-6 on the fixture "
-        "and 0.085 logits on the random benchmark model. 5e-2 covers the fixture 25000x and stays "
-        "160x below its 8-logit answer margins; the benchmark tier checks the bench model against "
-        "eager with pte_vs_exported/8da4w-fast.",
+        "ExecuTorch's tiled flash attention), so attention outputs differ in summation order. The "
+        "next linear quantizes its input to INT8 per token, which absorbs that on the fixture: "
+        "measured max |diff| 1.9e-6 over a prompt longer than the window, in one call and in chunks.",
+        measured=1.9e-6,
     ),
-    "llamacpp_vs_eager/f32": Tolerance(
+    "bench/llamacpp_f32_vs_eager": Tolerance(
         5e-2,
-        "llama.cpp's 'F32' is not FP32 end to end: its CPU GELU rounds its input to FP16 through a "
-        "lookup table (GGML_GELU_FP16, compile time). Measured 3.2e-3 on the fixture; on the random "
-        "benchmark model a 0.0103-logit near-tie flipped at position 41. Real disagreements (a lost "
-        "softcap, a wrong KV layer) move logits by more than 0.1.",
+        "the benchmark tier's correctness check of llama.cpp F32 on the random benchmark model: a "
+        "divergence from eager FP32 counts only where eager's top-2 margin exceeds this. llama.cpp's "
+        "FP16-table GELU moved a 0.0103-logit near-tie there (position 41): measured 0.0103, 4.9x.",
+        measured=0.0103,
+    ),
+    "bench/pte_vs_eager/fp32": Tolerance(
+        1e-2,
+        "the benchmark tier's correctness check of an fp32 .pte (Python runtime, native runner) against "
+        "eager FP32 on the benchmark model: a divergence counts only where eager's top-2 margin exceeds "
+        "this. Measured on the fixture (pte_vs_exported/fp32, the same kernels): 2.6e-3; 3.8x.",
+        measured=2.6e-3,
+    ),
+    "bench/pte_vs_eager/8da4w": Tolerance(
+        0.5,
+        "as fp32 for the 8da4w .pte against its own recipe's eager model: XNNPACK's INT8 activation "
+        "rounding; measured on the fixture 0.213 (pte_vs_exported/8da4w); 2.3x.",
+        measured=0.213,
+    ),
+    "bench/pte_vs_eager/8da4w-fast": Tolerance(
+        0.5,
+        "as 8da4w; measured 0.085 logits on the random benchmark model (the native runner's own "
+        "llama::custom_sdpa summing in another order, amplified by INT8 activation rounding); 5.9x.",
+        measured=0.085,
     ),
     "logit_golden/fp32": Tolerance(
-        1e-3,
-        "log-probs of the golden top-5 across library builds: FP32 reassociation moves them by "
-        "~1e-5, while a lost softcap or a shifted embedding scale moves them by more than 0.1.",
+        1e-2,
+        "log-probs (every token of the vocabulary) and the logits' bias against the fp32 goldens, "
+        "across library builds. Calibrated (tests/test_tolerance_calibration.py): per_layer_input_scale "
+        "x0.6, which cancels in exact arithmetic, moved a log-prob by 2.4e-3 and the bias by 2e-4; a "
+        "1e-6 nudge of every weight 4e-5; another thread count 0. A lost softcap or a shifted window "
+        "moves them by more than 0.1.",
+        measured=2.4e-3, mean=1e-3, measured_mean=2e-4,
     ),
     "logit_golden/8da4w": Tolerance(
-        2e-2,
-        "a one-step change in an INT8 activation code (different rounding in a new torchao or "
-        "XNNPACK) moves log-probs by up to ~1e-2; a scale or softcap regression moves them by >0.1.",
+        0.6,
+        "log-probs (every token) against the 8da4w goldens. Calibrated on benign moves: a 1e-6 nudge "
+        "of every weight moved a log-prob by 0.324 (INT8 activation codes flip at rounding edges and "
+        "the flips propagate), per_layer_input_scale x0.6 by 0.072: measured 0.324, 1.85x. No bias "
+        "bound: the same nudge shifts the whole vector by 0.16, harmless to every probability "
+        "(pte_vs_exported/8da4w bounds the .pte's bias within one run). A token outside the top 5 "
+        "rising by 1 nat fails.",
+        measured=0.324,
     ),
     "logit_golden/8da4w-fast": Tolerance(
-        2e-2,
-        "as 8da4w: a one-step change in an INT8 activation code moves log-probs by up to ~1e-2; a "
-        "lost softcap, embedding scale or window moves them by >0.1.",
+        4.0,
+        "8da4w-fast's log-probs (every token) against 8da4w's goldens at the same stage. Not the same "
+        "model numerically: its token table is INT4 (8da4w keeps it FP32), so every input embedding "
+        "differs by up to half an INT4 step, and its attention is another kernel over ring-buffer "
+        "caches. Measured 2.74 (a tail token; eager 2.74, exported 2.74, pte 2.72, the 7 golden "
+        "prompts), bias 0.42; 1.46x. Its tokens must still equal 8da4w's exactly (test_fast_path.py).",
+        measured=2.74,
     ),
+    "quantize_golden/scale": Tolerance(
+        1e-5,
+        "relative change of any torchao scale against the quantize golden (codes are compared exactly). "
+        "A 1e-6 relative nudge of every weight scales every scale by 1e-6: measured 1e-6 (to float "
+        "rounding); 10x.",
+        measured=1e-6,
+    ),
+    "quality/8da4w": Tolerance(
+        1e-5,
+        "8da4w's quality against fp32 (KL(fp32 || 8da4w) mean over answer positions, teacher-forced "
+        "through the .pte; the golden is 2.9e-5 on the fixture): atol bounds the change of the mean "
+        "KL, mean the change of the same-top-1 rate. Calibrated through the eager quantized model: a "
+        "1e-6 nudge of every weight moved the mean KL by 2e-6 and per_layer_input_scale x0.6 by 0, "
+        "and neither moved any top-1 (measured 0: every answer position must keep its top-1).",
+        measured=2e-6, mean=0.0, measured_mean=0.0,
+    ),
+    "quality/8da4w-fast": Tolerance(
+        1e-4,
+        "as quality/8da4w for 8da4w-fast (golden mean KL 4.4e-5 over the corpus, 6.6e-5 over the golden "
+        "prompts; its INT4 token table makes it the more sensitive): the 1e-6 nudge moved the mean KL "
+        "by 2.7e-5; no top-1 moved (measured 0).",
+        measured=2.7e-5, mean=0.0, measured_mean=0.0,
+    ),
+    "llamacpp_vs_hf/f32_logits": Tolerance(
+        1e-2,
+        "max |llama.cpp F32 - transformers FP32| over every logit at every prompt and generated "
+        "position (harness.llamacpp.llamacpp_agreement, F32 KV cache, teacher-forced on "
+        "transformers' ids). llama.cpp's 'F32' is not FP32 end to end: its CPU GELU rounds its "
+        "input to FP16 through a lookup table (GGML_GELU_FP16, compile time). Measured on the 7 "
+        "golden prompts (llama-cpp-python 0.3.36): 2.85e-3 at prompt positions, 2.34e-3 at "
+        "generated ones; 3.5x headroom. A lost softcap, a wrong KV layer or sliding window moves "
+        "logits by more than 0.1.",
+        measured=2.85e-3,
+    ),
+    "llamacpp_vs_hf/f32_tie": Tolerance(
+        1e-2,
+        "two ids whose transformers logits are within this may come out of llama.cpp F32 in either "
+        "order (rank check of llamacpp_agreement's top-5). What can swap two ids is how far "
+        "llama.cpp moves the gap between them: measured at most 4.0e-3 among the ids of either "
+        "top-6 at every prompt and generated position of the 7 golden prompts (2.7e-3 at generated "
+        "positions); 2.5x headroom. No order difference was seen there at all.",
+        measured=4.0e-3,
+    ),
+    "refresh/near_tie": Tolerance(
+        1.0,
+        "`harness goldens update` accepts a token change only where the new run's top-2 logit margin "
+        "at the first diverging position is below this. Benign moves (tests/test_tolerance_calibration.py) "
+        "moved an 8da4w logit by up to 0.43 away from its vector's mean shift, so a top-2 gap can close "
+        "by up to 2 x 0.43 = 0.86 without any bug: measured 0.86, 1.2x headroom. The fixture's answers "
+        "have margins of at least 4 (hf_generate, fp32), so no real answer is a near-tie.",
+        measured=0.86,
+    ),
+    "refresh/logit_multiple": Tolerance(
+        2.0,
+        "a multiple, not logits: `harness goldens update` accepts logit-golden changes up to this many "
+        "times their tolerance (logit_golden/RECIPE) when no token changes at a clear margin; beyond it "
+        "the change is behaviour. The largest benign move measured is 0.54 of the 8da4w tolerance "
+        "(0.324 of 0.6 log-prob, a 1e-6 nudge of every weight): measured 0.54, 3.7x headroom.",
+        measured=0.54,
+    ),
+    "pte_decode_vs_one_pass/fp32": Tolerance(
+        0.0,
+        "the same .pte fed a prefill then one token per call against one call over the whole "
+        "sequence (random ids, 1-60 + 1-16): XNNPACK computes each row the same way whatever the "
+        "call's length: measured 0 (ci and dev profiles), so bit-exact; a KV-cache bug moving a "
+        "logit by 1e-6 fails.",
+        measured=0.0,
+    ),
+    "pte_decode_vs_one_pass/8da4w": Tolerance(
+        0.0,
+        "as fp32: activations are quantized per token, so a row's INT8 codes do not depend on the "
+        "call's other rows: measured 0 (ci and dev profiles), bit-exact.",
+        measured=0.0,
+    ),
+    "pte_chunked_vs_one_call/fp32": Tolerance(
+        0.0,
+        "the same .pte prefilling in chunks (1-6 random cuts of 2-100 random ids) against one call: "
+        "measured 0 (ci and dev profiles), bit-exact.",
+        measured=0.0,
+    ),
+    "pte_chunked_vs_one_call/8da4w": Tolerance(
+        0.0,
+        "as fp32, 8da4w (per-token activation quantization): measured 0 (ci and dev profiles), "
+        "bit-exact. This comparison used to share pte_vs_exported/8da4w's 0.5, where a 0.3-logit "
+        "KV-cache bug would have passed.",
+        measured=0.0,
+    ),
+    "pte_vs_hf_long/fp32": Tolerance(
+        0.1,
+        "the fp32 .pte against transformers' generate for random prompts of 4-80 plain tokens and "
+        "16-48 new ones (crossing the 16-slot window), every logit up to where they part: XNNPACK's "
+        "FP32 reassociation on random text, whose hidden states are far larger than a chat prompt's: "
+        "measured max 0.034 (dev profile; 9e-3 under ci); 2.9x. A flip counts only at a near-tie.",
+        measured=0.034,
+    ),
+    "bound/int8_embedding_half_step": Tolerance(
+        5e-8,
+        "how far the INT8 per-layer embedding's error may exceed half a quantization step (the "
+        "analytic bound): only the float rounding of the dequantization itself: measured 6e-9; 8.4x.",
+        measured=6e-9,
+    ),
+    "bound/8da4w_linear": Tolerance(
+        0.0,
+        "how far an 8da4w linear's error may exceed the bound its stored scales imply (INT8 "
+        "activation rounding plus INT4 weight rounding): measured 0 over the ci and dev profiles' "
+        "random inputs, so none.",
+        measured=0.0,
+    ),
+    "fast_vs_hf_long/8da4w-fast": Tolerance(
+        0.75,
+        "8da4w-fast's .pte against transformers' generate on the same quantized model for 40 tokens "
+        "past the window (the ring wraps twice): measured max 0.386 and bias 0.163 over every logit up "
+        "to where they part (4 prompts); a flip counts only at a near-tie (top-2 under 2 x 0.75).",
+        measured=0.386, mean=0.3, measured_mean=0.163,
+    ),
+    "fast_prefill_vs_hf/8da4w-fast": Tolerance(
+        1.0,
+        "8da4w-fast's .pte prefilling 75 tokens in one call (past its 16-slot ring) against "
+        "transformers' forward on the same quantized model: XNNPACK's INT8 activation rounding over "
+        "75 positions, and the INT4 token table read through its own kernel: measured max 0.487; 2x.",
+        measured=0.487,
+    ),
+    "native_long_vs_pte/8da4w-fast": Tolerance(
+        1e-5,
+        "60 new tokens through the native runner against the Python runtime (the ring wraps several "
+        "times): a flip is accepted only where the Python runtime's top-2 margin is under twice this; "
+        "the two differ by at most 1.9e-6 per logit (native_vs_pte/8da4w-fast's measurement), so 1e-5 "
+        "is 5.3x; no flip was seen.",
+        measured=1.9e-6,
+    ),
+    "native_llama_kernels_vs_executorch": Tolerance(
+        1e-5,
+        "the harness's own llama::custom_sdpa / update_cache kernels against ExecuTorch's, on small "
+        "programs (grouped-query attention, odd head sizes, masks, causal from a start position, "
+        "chunked and indexed cache writes): plain softmax against ExecuTorch's tiled one, another "
+        "summation order: measured max 3.8e-6; 2.7x.",
+        measured=3.8e-6,
+    ),
+    "ablation/softcap_logprob": Tolerance(
+        0.5,
+        "a lower bound, the issue's bar: dropping final logit softcapping (30) cannot flip an argmax "
+        "(tanh is monotone) but must move the answers' log-probs (teacher-forced, whole log-softmax, "
+        "max |change| as the logit goldens compare) by at least this. Measured (the smallest the "
+        "check may see, here the only one) 1.10 on the committed fixture; FP32 noise is ~1e-5.",
+        measured=1.10,
+    ),
+    "ablation/flip_margin": Tolerance(
+        1.0,
+        "a lower bound: an ablation flips an answer clearly only if, at the worst answer position, "
+        "the committed token trails the new top-1 by at least this, so FP32 reassociation (~1e-5) or "
+        "a library upgrade cannot undo the flip. Measured on the committed fixture: per-layer inputs "
+        "-10.5, sliding window -6.1 (the smallest flip: 6.1).",
+        measured=6.1,
+    ),
+    "pte_size/fp32": Tolerance(
+        1.20,
+        "a ratio: the fp32 .pte's bytes over what its weights imply. The tied embedding is serialized "
+        "twice (embed_tokens and lm_head; sharing it is the fast path's job), plus graph and "
+        "metadata: measured 1.13.",
+        measured=1.13,
+    ),
+    "pte_size/8da4w": Tolerance(
+        1.25,
+        "a ratio, as fp32: packed INT4 plus FP32 group scales, INT8 table plus row scales, the FP32 "
+        "embedding and a separately quantized lm_head, plus graph and metadata: measured 1.12. An FP32 "
+        "per-layer table left in (the log's 12 GB .pte) breaks it.",
+        measured=1.12,
+    ),
+    "pte_size/8da4w-fast": Tolerance(
+        1.25,
+        "a ratio, as 8da4w, but the token table is INT4 in lm_head's groups (still stored next to "
+        "XNNPACK's packed lm_head), plus graph and metadata: measured 1.16.",
+        measured=1.16,
+    ),
+    "preflight/fixture": Tolerance(
+        0.25,
+        "relative error of the memory pre-flight's estimate against the measured peak RSS of a fresh "
+        "process through export and lowering on the fixture (the issue's bound): measured 0.081 on "
+        "this machine under load from other processes; 3.1x.",
+        measured=0.081,
+    ),
+    "preflight/bench": Tolerance(
+        0.25,
+        "as preflight/fixture, through lowering, on the fixture's 8da4w and the benchmark model (the "
+        "bench tier): the README's calibration host measured 0.24% at most (1652 MB against 1656 MB); "
+        "on this machine the fixture's estimate was off by 0.081 under load, which is the measured "
+        "value taken here until the bench tier is re-measured on it: 3.1x.",
+        measured=0.081,
+    ),
+    # (new entries go above this line)
 }
 
 
 def tolerance(name: str) -> Tolerance:
     return TOLERANCES[name]
+
+
+# The largest value each comparison saw in this process (max, and mean where it has one): with
+# HARNESS_TOLERANCE_REPORT=FILE, a pytest run writes them there (conftest.py), which is how the
+# ``measured`` values above are re-measured: HARNESS_TOLERANCE_REPORT=t.json pytest -m mac.
+OBSERVED: dict[str, dict[str, float]] = {}
+
+
+def observe(name: str, value: float, mean: float | None = None) -> None:
+    seen = OBSERVED.setdefault(name, {"max": 0.0})
+    seen["max"] = max(seen["max"], float(value))
+    if mean is not None:
+        seen["mean"] = max(seen.get("mean", 0.0), float(mean))

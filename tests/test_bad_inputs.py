@@ -134,19 +134,19 @@ def _goldens_copy(tmp_path, provenance: dict | None = None, edit: dict | None = 
     import json
     import shutil
 
-    from harness.goldens import GOLDENS_DIR
+    from harness.goldens import goldens_dir
 
     root = tmp_path / "goldens"
-    shutil.copytree(GOLDENS_DIR, root)
+    shutil.copytree(goldens_dir(), root)
     if provenance:
         prov = json.loads((root / "provenance.json").read_text())
         (root / "provenance.json").write_text(json.dumps({**prov, **provenance}))
     for name, text in (edit or {}).items():
-        (root / "tokens" / "test_goldens" / name).write_text(text)
+        (root / name).write_text(text)
     return root
 
 
-FRANCE_PTE_FP32 = "test_token_golden[what-is-the-capital-of-france-pte-fp32].json"
+FRANCE_PTE_FP32 = "tokens/fixture/fp32/pte/what-is-the-capital-of-france.json"
 
 
 def _verify(pipeline, goldens):
@@ -168,7 +168,8 @@ def test_stack_note_names_each_version_and_the_refresh():
 
 
 def test_verify_failing_under_other_versions_says_which_and_how_to_refresh(pipeline, tmp_path):
-    golden = '{"ids": [337, 324, 321, 483, 316, 999, 5], "text": "The capital of France is Rome."}'
+    golden = ('{"prompt": "What is the capital of France?", "ids": [337, 324, 321, 483, 316, 999, 5], '
+              '"text": "The capital of France is Rome."}')
     goldens = _goldens_copy(tmp_path, provenance={"transformers": "5.23.0", "torch": "2.12.0"},
                             edit={FRANCE_PTE_FP32: golden})
     res = _verify(pipeline, goldens)
@@ -180,7 +181,8 @@ def test_verify_failing_under_other_versions_says_which_and_how_to_refresh(pipel
 
 
 def test_verify_failing_under_the_same_versions_blames_no_stack(pipeline, tmp_path):
-    golden = '{"ids": [337, 324, 321, 483, 316, 999, 5], "text": "The capital of France is Rome."}'
+    golden = ('{"prompt": "What is the capital of France?", "ids": [337, 324, 321, 483, 316, 999, 5], '
+              '"text": "The capital of France is Rome."}')
     res = _verify(pipeline, _goldens_copy(tmp_path, edit={FRANCE_PTE_FP32: golden}))
     assert res.returncode == 1 and "FAIL" in res.stdout
     assert "another stack" not in res.stdout

@@ -120,7 +120,7 @@ def test_host_benchmark(benchmark, runtime, pipeline, protocol, references, benc
     info["ref_prefix_tokens"] = sum(matching_prefix(r.ids, s.ids) for r, s in zip(fp32_ref, passes[0])) / len(fp32_ref)
     if ref_recipe:
         refs = references(ref_recipe)
-        tol = tolerance("llamacpp_vs_eager/f32" if kind == "llama.cpp" else f"pte_vs_exported/{ref_recipe}").atol
+        tol = tolerance("bench/llamacpp_f32_vs_eager" if kind == "llama.cpp" else f"bench/pte_vs_eager/{ref_recipe}").atol
         for i, (ref, sample) in enumerate(zip(refs, passes[0])):
             problem = confident_divergence(ref.ids, ref.step_logits, sample.ids, tol)
             assert problem is None, f"{runtime}, prompt {i} vs eager {ref_recipe}: {problem}"

@@ -1,7 +1,11 @@
-"""Goldens at every stage: token ids + text (syrupy), top-5 log-probs (numeric, with tolerance).
+"""Goldens at every stage, keyed by (model, recipe, stage, prompt): token ids and text, the whole
+logit vector at every generated position (tolerances.py), the chat-templated prompt and its ids,
+and each quantized recipe's quality against fp32 (KL, same-top-1).
 
 Stages, in the order a regression is localized: fp32 hf_generate → eager → exported → pte, then
 8da4w hf_generate (the quantize step, compared with fp32 hf_generate) → eager → exported → pte.
+The checks are harness.goldens.check_*: the teeth tests (test_golden_teeth.py) inject regressions
+into the very same functions.
 """
 
 from __future__ import annotations
@@ -9,12 +13,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import FIXTURE_PROMPTS, RECIPE_NAMES
-from harness.golden_diff import golden_path
 from harness.goldens import (
-    STAGES, compare_logits, explain, logit_golden_path, logit_record, read_json_golden, slug,
-    stack_note, token_record, write_json_golden,
+    STAGES, check_logit_golden, check_prompt_golden, check_quality_golden, check_quantize_golden,
+    check_token_golden, quantize_record, slug,
 )
-from harness.tolerances import tolerance
 
 pytestmark = pytest.mark.mac
 
@@ -23,42 +25,52 @@ stages = pytest.mark.parametrize("stage", STAGES)
 recipes = pytest.mark.parametrize("recipe", RECIPE_NAMES)
 
 
+@params
+def test_prompt_golden(pipeline, prompt):
+    problem = check_prompt_golden(prompt, pipeline("fp32").loaded.tokenizer)
+    assert problem is None, problem
+
+
 @recipes
 @stages
 @params
-def test_token_golden(golden_tokens, stage_runs, pipeline, updating_goldens, recipe, stage, prompt):
-    if not updating_goldens and golden_path(recipe, stage, prompt).is_file():
-        read_json_golden(golden_path(recipe, stage, prompt))  # malformed: one clear line, not a text diff
-    gen = stage_runs(recipe, stage, prompt)
+def test_token_golden(stage_runs, pipeline, recipe, stage, prompt):
     tok = pipeline(recipe).loaded.tokenizer
-    record = token_record(gen.ids, tok)
-    assert golden_tokens == record, (
-        f"{recipe}:{stage} changed its answer to {prompt!r}: "
-        + explain(recipe, stage, stage_runs.chain(prompt), tok) + _stack(" ")
-    )
+    gen = stage_runs(recipe, stage, prompt)
+    problem = check_token_golden(recipe, stage, prompt, gen, tok, runs=None)
+    if problem is not None:  # localize it along the whole stage chain before failing
+        problem = check_token_golden(recipe, stage, prompt, gen, tok, runs=stage_runs.chain(prompt))
+    assert problem is None, problem
 
 
 @recipes
 @stages
 @params
-def test_logit_golden(stage_runs, updating_goldens, recipe, stage, prompt):
-    gen = stage_runs(recipe, stage, prompt)
-    path = logit_golden_path("fixture", recipe, stage, prompt)
-    if updating_goldens:
-        write_json_golden(path, logit_record(gen))
-        return
-    golden = read_json_golden(path)
-    tol = tolerance(f"logit_golden/{recipe}")
-    bad = compare_logits(golden, gen, tol.atol)
-    assert not bad, (
-        f"{recipe}:{stage} log-probs for {prompt!r} moved beyond {tol.atol} ({len(bad)} values); first: "
-        + "; ".join(str(b) for b in bad[:3]) + _stack(" ")
-    )
-    assert len(golden) == len(gen.ids), f"golden has {len(golden)} positions, run has {len(gen.ids)}" + _stack(" ")
+def test_logit_golden(stage_runs, recipe, stage, prompt):
+    problem = check_logit_golden(recipe, stage, prompt, stage_runs(recipe, stage, prompt))
+    assert problem is None, problem
 
 
-def _stack(sep: str) -> str:
-    """The goldens' provenance when it is not this stack: which versions differ, how to refresh."""
-    note = stack_note()
-    return f".{sep}{note[0].upper()}{note[1:]}" if note else ""
+@pytest.mark.parametrize("recipe", ["8da4w", "8da4w-fast"])
+def test_quantize_golden(pipeline, recipe):
+    """torchao's INT4/INT8 codes (exactly) and scales for every quantized tensor of the fixture."""
+    problem = check_quantize_golden(recipe, quantize_record(pipeline(recipe).quantized))
+    assert problem is None, problem
 
+
+@pytest.mark.parametrize("recipe", ["8da4w", "8da4w-fast"])
+def test_quality_golden(computed_goldens, recipe):
+    """KL(fp32 || recipe) and same-top-1 over the golden prompts and the whole corpus, teacher-forced
+    through the recipe's .pte, as llama.cpp's perplexity tool reports them."""
+    problem = check_quality_golden(recipe, computed_goldens.quality[recipe])
+    assert problem is None, problem
+
+
+def test_goldens_diff_finds_nothing_on_this_stack(computed_goldens, capsys):
+    """What `harness goldens diff` says on the stack the goldens were recorded under: nothing."""
+    from harness.golden_refresh import diff_main
+
+    status = diff_main(computed=computed_goldens)
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "no golden changed" in out
