@@ -75,6 +75,14 @@ SEED = 1234
 LR = 3e-3
 MAX_STEPS = 1500
 MIN_MARGIN = 8.0  # top-1 minus top-2 logit at every answer position, to stop training
+# Phase 2 (after MIN_MARGIN is reached): make the model lean on the E2B features a fixture trained
+# on this corpus does not otherwise need (removing them flipped no answer): the same model with
+# each feature removed (harness/ablations.py, parameters shared) must get some answer wrong by
+# CONTRAST_MARGIN logits, while every answer keeps MIN_MARGIN.
+CONTRAST_FEATURES = ("KV sharing", "the double-wide MLP", "the larger head size on full layers")
+CONTRAST_TARGET = 3.0  # the hinge pushes the ablated model's soft-min answer margin below -3
+CONTRAST_MARGIN = 2.0  # phase 2 stops once each removal leaves an answer trailing by 2 logits
+CONTRAST_EVERY = 3  # the ablated passes run on every 3rd corpus row
 
 
 def read_corpus(path: Path = FIXTURE_DIR / "corpus.jsonl") -> list[dict]:
@@ -184,16 +192,26 @@ def train(out_dir: Path, log=print) -> dict:
     t0 = time.time()
     step = 0
     margin = float("-inf")
+    phase2_from = None
+    contrast_rows = torch.arange(0, len(examples), CONTRAST_EVERY)
     for step in range(1, MAX_STEPS + 1):
-        out = model(input_ids=input_ids, attention_mask=attention, labels=labels)
+        out = model(input_ids=input_ids, attention_mask=attention, labels=labels, use_cache=False)
+        loss = out.loss
+        if phase2_from is not None:
+            loss = loss + contrast_loss(model, out.logits, input_ids, labels, attention, contrast_rows)
         opt.zero_grad()
-        out.loss.backward()
+        loss.backward()
         opt.step()
         if step % 50 == 0:
             margin, exact = answer_margin(model, input_ids, labels, attention)
-            log(f"step {step}: loss {out.loss.item():.4f}, min top-1 margin {margin:.2f}, exact {exact}")
+            ablated = ablated_margins(model, input_ids, labels, attention) if phase2_from is not None else {}
+            log(f"step {step}: loss {out.loss.item():.4f}, min top-1 margin {margin:.2f}, exact {exact}"
+                + "".join(f", without {k} {v:.2f}" for k, v in ablated.items()))
             if exact and margin >= MIN_MARGIN:
-                break
+                if phase2_from is None:
+                    phase2_from = step
+                elif all(v <= -CONTRAST_MARGIN for v in ablated.values()):
+                    break
     train_s = time.time() - t0
     torch.set_num_threads(threads)
     model.eval()
@@ -207,7 +225,53 @@ def train(out_dir: Path, log=print) -> dict:
     GenerationConfig(
         bos_token_id=2, eos_token_id=[1, 5], pad_token_id=0, do_sample=False
     ).save_pretrained(out_dir)
-    return {"steps": step, "train_seconds": round(train_s, 1), "min_margin": round(margin, 2)}
+    return {"steps": step, "phase2_from": phase2_from, "train_seconds": round(train_s, 1),
+            "min_margin": round(margin, 2)}
+
+
+def _margins(logits, labels):
+    """Committed token minus the best other token, at every answer position."""
+    import torch
+
+    logits, target = logits[:, :-1], labels[:, 1:]
+    mask = target != -100
+    gold = logits.gather(-1, target.clamp(min=0)[..., None])[..., 0]
+    other = logits.scatter(-1, target.clamp(min=0)[..., None], torch.finfo(logits.dtype).min).max(-1).values
+    return (gold - other)[mask]
+
+
+def contrast_loss(model, logits, input_ids, labels, attention, rows):
+    """Phase 2: every answer keeps MIN_MARGIN (+0.5), and with each CONTRAST_FEATURES removed some
+    answer of ``rows`` trails by CONTRAST_TARGET (a soft minimum, so the gradient reaches them all)."""
+    import torch
+
+    from harness.ablations import removed
+
+    loss = torch.relu(MIN_MARGIN + 0.5 - _margins(logits, labels)).mean()
+    for feature in CONTRAST_FEATURES:
+        with removed(model, feature):
+            ablated = model(input_ids=input_ids[rows], attention_mask=attention[rows], use_cache=False).logits
+        m = _margins(ablated, labels[rows])
+        loss = loss + torch.relu(CONTRAST_TARGET - torch.logsumexp(-m, 0))
+    return loss
+
+
+def ablated_margins(model, input_ids, labels, attention) -> dict[str, float]:
+    """The smallest answer margin over the corpus with each CONTRAST_FEATURES removed."""
+    import torch
+
+    from harness.ablations import removed
+
+    out = {}
+    with torch.no_grad():
+        was_training = model.training
+        model.eval()
+        for feature in CONTRAST_FEATURES:
+            with removed(model, feature):
+                logits = model(input_ids=input_ids, attention_mask=attention, use_cache=False).logits
+            out[feature] = _margins(logits, labels).min().item()
+        model.train(was_training)
+    return out
 
 
 def answer_margin(model, input_ids, labels, attention) -> tuple[float, bool]:
@@ -266,9 +330,12 @@ the committed files are canonical (tests never retrain), so a library upgrade ca
   specials `<pad>`=0 `<eos>`=1 `<bos>`=2 `<unk>`=3 `<|turn>`=4 `<turn|>`=5 (end of turn, EOS)
 - chat format: `<bos><|turn>user\\n{{prompt}}<turn|>\\n<|turn>model\\n`
 - training: AdamW lr {LR}, full batch of the {len(read_corpus())} corpus rows, loss on answer
-  tokens only, seed {SEED}, one thread, deterministic algorithms, eager attention; stopped at
-  step {stats['steps']} ({stats['train_seconds']} s) when every answer was right under teacher
-  forcing with a top-1 margin of at least {MIN_MARGIN} logits (reached {stats['min_margin']}).
+  tokens only, seed {SEED}, one thread, deterministic algorithms, eager attention. Phase 1 until
+  every answer was right under teacher forcing with a top-1 margin of at least {MIN_MARGIN} logits
+  (step {stats['phase2_from']}); phase 2 until, with each of {', '.join(CONTRAST_FEATURES)} removed
+  (harness/ablations.py), some answer trails by at least {CONTRAST_MARGIN} logits while every answer
+  keeps its margin: stopped at step {stats['steps']} ({stats['train_seconds']} s), smallest margin
+  {stats['min_margin']}. tests/test_ablations.py holds every E2B feature to carrying weight.
 
 ## Greedy answers (HF `generate`, FP32)
 | prompt | answer | matches corpus |

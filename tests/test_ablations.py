@@ -2,20 +2,8 @@
 answer flips (softcapping, which cannot move an argmax: log-probs move by at least
 ``ablation/softcap_logprob``).
 
-Each ablation works on a deep copy of the one loaded fixture and is the most direct removal of
-the feature that keeps transformers' Gemma 4 runnable:
-
-- per-layer inputs: ``per_layer_inputs = 0`` in every layer. The whole per-layer branch goes:
-  ``residual + norm(proj(act(gate(h)) * 0))`` is ``residual``, since RMSNorm(0) = 0.
-- KV sharing: the KV-shared layers compute their own K/V from their own input. They have no
-  k/v weights, so they use their producer layer's ``k_proj``/``v_proj``/``k_norm``/``v_norm``.
-- double-wide MLP: the KV-shared layers' MLP cut to the normal width (the first
-  ``intermediate_size`` units of gate/up, the matching columns of down).
-- sliding window: sliding layers attend to the whole context (window = max positions).
-- larger head size on full layers: full-attention layers keep only the first ``head_dim`` dims
-  (of ``global_head_dim``) per head of q/k/v after their norms and RoPE, and the matching
-  ``o_proj`` inputs.
-- softcapping: ``final_logit_softcapping = None``.
+Each removal (harness/ablations.py, which the fixture's training uses too) works on a deep copy
+of the one loaded fixture.
 
 "Flips" is measured teacher-forced on the committed answers (one batched forward per ablation):
 an answer flips when the committed token is not the argmax at some answer position, which is
@@ -25,15 +13,13 @@ HF ``generate``.
 
 from __future__ import annotations
 
-import copy
-import types
 from dataclasses import dataclass
 
 import pytest
 import torch
-from torch import nn
 
 from conftest import corpus
+from harness.ablations import FEATURES, without
 from harness.pipeline import encode_prompt, shared_model
 from harness.tolerances import tolerance
 
@@ -129,122 +115,6 @@ def check_logprobs(feature: str, effect: Effect) -> None:
         f"(< {need}); {len(effect.flipped)} answers flipped. The fixture does not depend on {feature}.")
 
 
-# ---- the ablations (each returns a modified deep copy) ----------------------------------------------
-def no_per_layer_inputs(model):
-    m = copy.deepcopy(model)
-    inner = m.model
-    project = inner.project_per_layer_inputs
-
-    def zero(self, inputs_embeds, per_layer_inputs=None):
-        return torch.zeros_like(project(inputs_embeds, per_layer_inputs))
-
-    inner.project_per_layer_inputs = types.MethodType(zero, inner)
-    return m
-
-
-def no_kv_sharing(model):
-    m = copy.deepcopy(model)
-    cfg, layers = m.config, m.model.layers
-    first_shared = cfg.num_hidden_layers - cfg.num_kv_shared_layers
-    for i in range(first_shared, cfg.num_hidden_layers):
-        producer = max(j for j in range(first_shared) if cfg.layer_types[j] == cfg.layer_types[i])
-        attn, src = layers[i].self_attn, layers[producer].self_attn
-        assert attn.is_kv_shared_layer and not hasattr(attn, "k_proj"), f"layer {i} is not a KV consumer"
-        for name in ("k_proj", "v_proj", "k_norm", "v_norm"):
-            setattr(attn, name, copy.deepcopy(getattr(src, name)))
-        attn.is_kv_shared_layer = False
-        attn.store_full_length_kv = False
-    cfg.num_kv_shared_layers = 0  # the cache then gives every layer a KV slot of its own
-    m.model.first_kv_shared_layer_idx = cfg.num_hidden_layers
-    return m
-
-
-def no_double_wide_mlp(model):
-    m = copy.deepcopy(model)
-    n = m.config.intermediate_size
-    cut = 0
-    for layer in m.model.layers:
-        mlp = layer.mlp
-        if mlp.intermediate_size != 2 * n:
-            continue
-        for name in ("gate_proj", "up_proj"):
-            old = getattr(mlp, name)
-            new = nn.Linear(old.in_features, n, bias=False)
-            new.weight.data = old.weight.data[:n].clone()
-            setattr(mlp, name, new)
-        down = nn.Linear(n, mlp.down_proj.out_features, bias=False)
-        down.weight.data = mlp.down_proj.weight.data[:, :n].clone()
-        mlp.down_proj, mlp.intermediate_size = down, n
-        cut += 1
-    assert cut == m.config.num_kv_shared_layers, f"{cut} double-wide MLPs cut"
-    return m
-
-
-def no_sliding_window(model):
-    m = copy.deepcopy(model)
-    window = m.config.max_position_embeddings
-    m.config.sliding_window = window  # masks and the sliding cache layers read it from here
-    for layer in m.model.layers:
-        if layer.self_attn.is_sliding:
-            layer.self_attn.sliding_window = window
-    return m
-
-
-def _small_head_forward(small: int):
-    from transformers.models.gemma4.modeling_gemma4 import apply_rotary_pos_emb, eager_attention_forward
-
-    keep = torch.arange(small)
-
-    def forward(self, hidden_states, position_embeddings, attention_mask, shared_kv_states, cache=None, **kwargs):
-        shape = (*hidden_states.shape[:-1], -1, self.head_dim)
-        cos, sin = position_embeddings
-        q = self.q_norm(self.q_proj(hidden_states).view(shape))
-        q = apply_rotary_pos_emb(q, cos, sin, unsqueeze_dim=2).transpose(1, 2)[..., keep]
-        if self.is_kv_shared_layer:
-            k, v = shared_kv_states[self.layer_type]
-        else:
-            k = self.k_norm(self.k_proj(hidden_states).view(shape))
-            k = apply_rotary_pos_emb(k, cos, sin, unsqueeze_dim=2).transpose(1, 2)[..., keep]
-            v = self.v_norm(self.v_proj(hidden_states).view(shape)).transpose(1, 2)[..., keep]
-            if cache is not None:
-                k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
-        if self.store_full_length_kv:
-            shared_kv_states[self.layer_type] = k, v
-        out, _ = eager_attention_forward(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling)
-        out = out.reshape(*hidden_states.shape[:-1], -1)
-        heads = out.shape[-1] // small
-        cols = torch.cat([keep + h * self.head_dim for h in range(heads)])
-        return nn.functional.linear(out, self.o_proj.weight[:, cols]), None
-
-    return forward
-
-
-def no_larger_full_head(model):
-    m = copy.deepcopy(model)
-    kinds = m.config.layer_types
-    small = max(l.self_attn.head_dim for l, k in zip(m.model.layers, kinds) if k == "sliding_attention")
-    changed = 0
-    for layer, kind in zip(m.model.layers, m.config.layer_types):
-        attn = layer.self_attn
-        if kind == "full_attention":
-            assert attn.head_dim > small, (attn.head_dim, small)
-            attn.forward = types.MethodType(_small_head_forward(small), attn)
-            changed += 1
-    assert changed
-    return m
-
-
-def no_softcap(model):
-    m = copy.deepcopy(model)
-    assert m.config.final_logit_softcapping
-    m.config.final_logit_softcapping = None
-    return m
-
-
-def identity(model):
-    return copy.deepcopy(model)
-
-
 # ---- tests ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fx():
@@ -259,39 +129,24 @@ def data(fx):
     return c, base
 
 
-FLIP_ABLATIONS = {
-    "per-layer inputs": no_per_layer_inputs,
-    "KV sharing": no_kv_sharing,
-    "the double-wide MLP": no_double_wide_mlp,
-    "the sliding window": no_sliding_window,
-    "the larger head size on full layers": no_larger_full_head,
-}
+FLIP_FEATURES = [f for f in FEATURES if f != "softcapping"]
 
 
-# The committed fixture was trained to a top-1 margin of 8 with every feature present, and these
-# three removals cut that margin by 0.3-3.3 only: none flips an answer yet. A retrained fixture (an
-# ablation-contrast phase after the current recipe) makes them carry weight; until it is committed
-# they are known failures, strict: the day they pass, the marker must go.
-NOT_YET_LOAD_BEARING = {"KV sharing", "the double-wide MLP", "the larger head size on full layers"}
-
-
-@pytest.mark.parametrize("feature", [
-    pytest.param(f, marks=pytest.mark.xfail(strict=True, reason="the committed fixture does not lean on it yet"))
-    if f in NOT_YET_LOAD_BEARING else f for f in FLIP_ABLATIONS])
+@pytest.mark.parametrize("feature", FLIP_FEATURES)
 def test_removing_feature_flips_an_answer(fx, data, feature):
     c, base = data
-    model = FLIP_ABLATIONS[feature](fx.model)
+    model = without(fx.model, feature)
     check_flips(feature, measure(base, model, c), model, fx, c)
 
 
 def test_removing_softcapping_moves_logprobs(fx, data):
     c, base = data
-    check_logprobs("final logit softcapping", measure(base, no_softcap(fx.model), c))
+    check_logprobs("final logit softcapping", measure(base, without(fx.model, "softcapping"), c))
 
 
 def test_the_checks_fail_when_nothing_is_removed(fx, data):
     c, base = data
-    model = identity(fx.model)
+    model = without(fx.model, None)
     effect = measure(base, model, c)
     assert effect.flipped == [] and effect.max_logprob == 0.0, effect
     with pytest.raises(AssertionError, match="does not flip any corpus answer"):
