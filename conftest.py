@@ -32,7 +32,7 @@ def examples(n: int) -> int:
 
 from harness.goldens import GOLDEN_PROMPTS  # noqa: E402
 from harness.load import FIXTURE_DIR  # noqa: E402
-from harness.recipes import GOLDEN_RECIPES, RECIPES  # noqa: E402
+from harness.recipes import GOLDEN_RECIPES  # noqa: E402
 from harness.train_fixture import read_corpus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
