@@ -21,27 +21,9 @@ settings.register_profile(
     "debug", deadline=None, verbosity=3, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
+from support import BENCH_STATE, PROFILE, RECIPE_NAMES, corpus  # noqa: E402  (tests/support)
+
 settings.load_profile(PROFILE)
-# Tests size their example counts for the ci profile; dev runs 4x more, debug a quarter.
-EXAMPLE_SCALE = {"ci": 1.0, "dev": 4.0, "debug": 0.25}.get(PROFILE, 1.0)
-
-
-def examples(n: int) -> int:
-    return max(1, int(n * EXAMPLE_SCALE))
-
-from harness.goldens import GOLDEN_PROMPTS  # noqa: E402
-from harness.load import FIXTURE_DIR  # noqa: E402
-from harness.recipes import GOLDEN_RECIPES  # noqa: E402
-from harness.train_fixture import read_corpus  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent
-FIXTURE_PROMPTS = list(GOLDEN_PROMPTS)
-RECIPE_NAMES = list(GOLDEN_RECIPES)  # recipes with goldens of their own
-
-
-def corpus() -> list[dict]:
-    return read_corpus()
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +53,7 @@ def pipeline():
 def stage_runs(pipeline):
     """``stage_runs(recipe, stage, prompt)`` -> Generation, computed once per session; ``.chain``
     gives every stage's run of a prompt, keyed (recipe, stage), for failure explanations."""
-    from harness.goldens import MAX_NEW_TOKENS, chain
+    from harness.goldens.store import MAX_NEW_TOKENS, chain
 
     memo: dict = {}
 
@@ -90,9 +72,9 @@ def stage_runs(pipeline):
 
 @pytest.fixture(scope="session")
 def computed_goldens(stage_runs, pipeline):
-    """The whole golden set as this stack computes it (harness.golden_refresh.compute), from the
+    """The whole golden set as this stack computes it (harness.goldens.refresh.compute), from the
     session's own runs: what `harness goldens diff/update` would compute, computed once."""
-    from harness.golden_refresh import compute
+    from harness.goldens.refresh import compute
 
     return compute(run=stage_runs, pipeline=pipeline, progress=lambda msg: None)
 
@@ -108,7 +90,7 @@ def pytest_configure(config):
 
 def pytest_report_header(config):
     from harness.errors import HarnessError
-    from harness.goldens import stack_note
+    from harness.goldens.provenance import stack_note
 
     try:
         note = stack_note()
@@ -120,7 +102,7 @@ def pytest_report_header(config):
 @pytest.fixture(scope="session")
 def golden_tokens_for():
     """Read a committed token golden: ``golden_tokens_for(recipe, stage, prompt)`` -> ids."""
-    from harness.goldens import golden_ids
+    from harness.goldens.store import golden_ids
 
     return golden_ids
 
@@ -140,21 +122,18 @@ def pytest_addoption(parser, pluginmanager):
                          "default on a Pi 5: its PMIC through vcgencmd pmic_read_adc")
 
 
-_BENCH_STATE: dict = {"failures": {}}
-
-
 @pytest.fixture(scope="session")
 def bench_failures() -> dict:
-    return _BENCH_STATE["failures"]
+    return BENCH_STATE["failures"]
 
 
 @pytest.fixture(scope="session")
 def bench_bandwidth():
     """This machine's memory read bandwidth, measured once per run with the benchmark's threads."""
-    from harness.roofline import read_bandwidth
+    from harness.bench.roofline import read_bandwidth
 
     threads = int(os.environ.get("HARNESS_BENCH_THREADS", 0) or os.cpu_count() or 1)
-    _BENCH_STATE["bandwidth"] = bw = read_bandwidth(threads)
+    BENCH_STATE["bandwidth"] = bw = read_bandwidth(threads)
     return bw
 
 
@@ -163,10 +142,10 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
     after, memory bandwidth, library versions, and each runtime that could not be built and why."""
     from dataclasses import asdict
 
-    from harness import device
+    from harness.bench import device
     from harness.versions import library_versions
 
-    state = dict(_BENCH_STATE)
+    state = dict(BENCH_STATE)
     bw = state.get("bandwidth")
     output_json["harness"] = {
         "board": device.board_model(),

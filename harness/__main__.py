@@ -3,6 +3,6 @@ import sys
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-from harness.cli import main  # noqa: E402
+from harness.cli.main import main  # noqa: E402
 
 sys.exit(main())

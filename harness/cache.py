@@ -51,7 +51,7 @@ class ArtifactCache:
 
     def __init__(self, root: Path | None = None):
         self.root = Path(root) if root else cache_root()
-        self.events: list[tuple[str, str, str]] = []  # (stage, key, "hit"|"build"|"rebuild")
+        self.events: list[tuple[str, str, str]] = []  # (stage, key, "hit"|"build"|"corrupt"): a corrupt entry is removed, then built again ("build")
 
     def entry(self, stage: str, key: str) -> Path:
         return self.root / f"{stage}-{key}"

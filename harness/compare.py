@@ -1,10 +1,56 @@
-"""One comparator for two runs of the same prompt: every logit of every shared position, held to a
-named entry of harness/tolerances.py, and a message that names both sides, the position and the
-margin when it fails."""
+"""The one comparator: two sides' logits, held to a named entry of harness/tolerances.py, with a
+message that names both sides, the position, the token and the margin when it fails.
+
+``compare_tensors`` compares two logit tensors (``[V]``, ``[s, V]`` or ``[1, s, V]``; torch or numpy);
+``compare_runs`` compares two ``Generation``s of the same prompt: every logit of every shared
+position, up to the first token where they part, which must be a near-tie of the reference.
+Each observes what it measured under the tolerance's name (``HARNESS_TOLERANCE_REPORT``), which is
+how the tolerances' measured values are kept honest.
+"""
 
 from __future__ import annotations
 
-from harness.goldens import first_divergence
+
+def _excess(name: str, reference, got):
+    """(worst |diff|, |mean diff|, flat index of the worst, reference value, got value, vocab) for
+    two tensors, observed under ``name``; None when within the tolerance."""
+    import torch
+
+    from harness.tolerances import observe, tolerance
+
+    tol = tolerance(name)
+    a, b = torch.as_tensor(reference).float(), torch.as_tensor(got).float()
+    if a.shape != b.shape:
+        return "shape", tuple(a.shape), tuple(b.shape)
+    d = b - a
+    worst, bias = float(d.abs().max()), abs(float(d.mean()))
+    observe(name, worst, bias if tol.mean is not None else None)
+    if worst > tol.atol or (tol.mean is not None and bias > tol.mean) or worst != worst:
+        i = int(d.abs().flatten().argmax())
+        return worst, bias, i, float(a.flatten()[i]), float(b.flatten()[i]), int(a.shape[-1])
+    return None
+
+
+def _say(name: str, ref_label: str, got_label: str, where: str, found) -> str:
+    from harness.tolerances import tolerance
+
+    tol = tolerance(name)
+    if found[0] == "shape":
+        return f"{got_label} vs {ref_label}{where}: shape {found[2]} where {ref_label} has {found[1]}"
+    worst, bias, i, ref, got, vocab = found
+    row, token = divmod(i, vocab)
+    at = f" at position {row}" if not where else f" (row {row})" if row else ""
+    return (f"{got_label} vs {ref_label}{where}{at}: max |logit diff| {worst:.4g} at token {token} "
+            f"({got_label} {got:.6g}, {ref_label} {ref:.6g}), bias (mean diff) {bias:.4g}; tolerance {name} "
+            f"max {tol.atol}" + (f", bias {tol.mean}" if tol.mean is not None else "") + f" ({tol.reason[:120]}...)")
+
+
+def compare_tensors(reference, got, tolerance_name: str, ref_label: str, got_label: str, where: str = "") -> str | None:
+    """None when every element of ``got`` is within the tolerance of ``reference`` (and, where the
+    tolerance has one, the bias too); else one line naming both sides, where, the token and both
+    values there, and the tolerance."""
+    found = _excess(tolerance_name, reference, got)
+    return None if found is None else _say(tolerance_name, ref_label, got_label, where and f" at {where}", found)
 
 
 def compare_runs(reference, run, tolerance_name: str, ref_label: str, run_label: str) -> str | None:
@@ -12,35 +58,21 @@ def compare_runs(reference, run, tolerance_name: str, ref_label: str, run_label:
     (where the tolerance has one) the bias, |mean difference| over the vocabulary, at each position up
     to the first token where they part, and the same tokens wherever the reference's top-2 margin
     exceeds twice the tolerance (a near-tie may flip)."""
-    from harness.tolerances import observe, tolerance
+    from harness.goldens.checks import first_divergence
+    from harness.tolerances import tolerance
 
     tol = tolerance(tolerance_name)
-
-    def exceeds(a, b) -> tuple[float, float, int] | None:
-        d = b.float() - a.float()
-        worst, bias = float(d.abs().max()), abs(float(d.mean()))
-        observe(tolerance_name, worst, bias)
-        if worst > tol.atol or (tol.mean is not None and bias > tol.mean):
-            return worst, bias, int(d.abs().argmax())
-        return None
-
-    def say(where: str, found) -> str:
-        worst, bias, token = found
-        return (f"{run_label} vs {ref_label} at {where}: max |logit diff| {worst:.4g} (token {token}), "
-                f"bias (mean diff) {bias:.4g}; tolerance {tolerance_name} max {tol.atol}"
-                + (f", bias {tol.mean}" if tol.mean is not None else "") + f" ({tol.reason[:120]}...)")
-
     if reference.prefill_logits is not None and run.prefill_logits is not None:
         for pos, (a, b) in enumerate(zip(reference.prefill_logits, run.prefill_logits)):
-            if (found := exceeds(a, b)) is not None:
-                return say(f"prompt position {pos}", found)
+            if (found := _excess(tolerance_name, a, b)) is not None:
+                return _say(tolerance_name, ref_label, run_label, f" at prompt position {pos}", found)
     split = first_divergence(reference.ids, run.ids)
     n = min(len(reference.step_logits), len(run.step_logits))
     if split is not None:
         n = min(n, split + 1)
     for pos in range(n):
-        if (found := exceeds(reference.step_logits[pos], run.step_logits[pos])) is not None:
-            return say(f"generated position {pos}", found)
+        if (found := _excess(tolerance_name, reference.step_logits[pos], run.step_logits[pos])) is not None:
+            return _say(tolerance_name, ref_label, run_label, f" at generated position {pos}", found)
     if split is not None:
         top = reference.step_logits[split].float().topk(2).values if split < len(reference.step_logits) else None
         margin = float(top[0] - top[1]) if top is not None else None

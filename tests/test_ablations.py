@@ -2,7 +2,7 @@
 answer flips (softcapping, which cannot move an argmax: log-probs move by at least
 ``ablation/softcap_logprob``).
 
-Each removal (harness/ablations.py, which the fixture's training uses too) works on a deep copy
+Each removal (harness/training/ablations.py, which the fixture's training uses too) works on a deep copy
 of the one loaded fixture.
 
 "Flips" is measured teacher-forced on the committed answers (one batched forward per ablation):
@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from conftest import corpus
-from harness.ablations import FEATURES, without
-from harness.pipeline import encode_prompt, shared_model
+from support import corpus
+from harness.training.ablations import FEATURES, without
+from harness.build.pipeline import shared_model
+from harness.pipeline import encode_prompt
 from harness.tolerances import tolerance
 
 pytestmark = pytest.mark.mac
@@ -101,7 +102,7 @@ def check_flips(feature: str, effect: Effect, model, fx, c: Corpus) -> None:
                f"max |log-prob change| {effect.max_logprob:.3f}")
     assert effect.flipped and -effect.worst_margin >= need, (
         f"removing {feature} does not flip any corpus answer by at least {need} logits: {numbers}. "
-        f"The fixture does not depend on {feature}: retrain it (harness/train_fixture.py) so that it does.")
+        f"The fixture does not depend on {feature}: retrain it (harness/training/fixture.py) so that it does.")
     got = greedy(model, c.prompts[effect.worst_row])
     assert got != c.answers[effect.worst_row], (
         f"removing {feature}: teacher forcing says row {effect.worst_row} flips ({numbers}), but HF generate "

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from harness.errors import HarnessError
-from harness.load import load_directory
+from harness.models.load import load_directory
 from harness.recipes import get_recipe
 
 pytestmark = pytest.mark.mac
@@ -113,7 +113,7 @@ def test_cli_prints_one_line_and_exits_nonzero(pipeline, tmp_path, args, expecte
 
 
 def test_malformed_golden_file(tmp_path):
-    from harness.goldens import read_json_golden
+    from harness.goldens.store import read_json_golden
 
     bad = tmp_path / "golden.json"
     bad.write_text('{"ids": [1, 2,')
@@ -134,7 +134,7 @@ def _goldens_copy(tmp_path, provenance: dict | None = None, edit: dict | None = 
     import json
     import shutil
 
-    from harness.goldens import goldens_dir
+    from harness.goldens.store import goldens_dir
 
     root = tmp_path / "goldens"
     shutil.copytree(goldens_dir(), root)
@@ -157,7 +157,7 @@ def _verify(pipeline, goldens):
 
 
 def test_stack_note_names_each_version_and_the_refresh():
-    from harness.goldens import current_provenance, stack_note
+    from harness.goldens.provenance import current_provenance, stack_note
 
     now = current_provenance("f" * 64)
     assert stack_note(recorded=dict(now), now=now) == ""

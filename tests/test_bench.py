@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.benchrun import NATIVE
-from harness.benchsuite import (
+from harness.runtimes.base import RuntimeSpec
+
+from harness.bench.protocol import NATIVE
+from harness.bench.suite import (
     COUNTERPART, Protocol, check_deterministic, child_figures, confident_divergence, host_runtimes,
     matching_prefix, run_benchmark,
 )
@@ -34,7 +36,7 @@ def protocol(pipeline):
 def references(pipeline, protocol):
     """Eager greedy ids and logits (no EOS stop) for every prompt: FP32, and each recipe's own
     quantized model; the yardsticks each runtime's answers are checked against."""
-    from harness.generate import greedy
+    from harness.runtimes.base import greedy
 
     cache: dict = {}
 
@@ -50,14 +52,14 @@ def references(pipeline, protocol):
 
 def artifact_for(runtime: str, pipeline) -> tuple[str, object]:
     """(artifact path or model spec, the torch model its bytes/token are counted on or a GGUF)."""
-    kind, _, recipe = runtime.partition(":")
+    kind, recipe = RuntimeSpec.parse(runtime)
     if kind == "eager":
         pipe = pipeline("fp32", model=MODEL)
         return MODEL, pipe.loaded.model
     if kind in ("executorch", NATIVE):
         pipe = pipeline(recipe, model=MODEL)
         return str(pipe.pte_path), pipe.quantized
-    from harness.gguf import gguf_for
+    from harness.runtimes.gguf import gguf_for
 
     path = gguf_for(MODEL, recipe)
     return str(path), path
@@ -66,17 +68,17 @@ def artifact_for(runtime: str, pipeline) -> tuple[str, object]:
 def counterpart_for(runtime: str, protocol):
     """The llama.cpp counterpart of a PyTorch/ExecuTorch runtime, loaded in its own process to run
     in alternating rounds (``run_benchmark(paired=...)``); (None, why) when there is none."""
-    kind, _, recipe = runtime.partition(":")
+    kind, recipe = RuntimeSpec.parse(runtime)
     other = COUNTERPART.get(recipe)
     if kind == "llama.cpp" or not other:
         return None, None
     try:
         import llama_cpp  # noqa: F401
 
-        from harness.benchrun import IsolatedRunner
-        from harness.gguf import gguf_for
+        from harness.runtimes.process import isolated
+        from harness.runtimes.gguf import gguf_for
 
-        return (other, IsolatedRunner(other, str(gguf_for(MODEL, other.partition(":")[2])), protocol.threads)), None
+        return (other, isolated(RuntimeSpec.parse(other).kind, str(gguf_for(MODEL, RuntimeSpec.parse(other).recipe)), protocol.threads)), None
     except Exception as e:  # the row is still measured, its ratio is then row over row
         return None, f"{type(e).__name__}: {e}"
 
@@ -85,15 +87,15 @@ def counterpart_for(runtime: str, protocol):
 def test_host_benchmark(benchmark, runtime, pipeline, protocol, references, bench_bandwidth, bench_failures):
     from pathlib import Path
 
-    from harness.benchrun import IsolatedRunner
-    from harness.roofline import gguf_bytes_per_token, torch_bytes_per_token
+    from harness.runtimes.process import isolated
+    from harness.bench.roofline import gguf_bytes_per_token, torch_bytes_per_token
 
-    kind, _, recipe = runtime.partition(":")
+    kind, recipe = RuntimeSpec.parse(runtime)
     if kind == "llama.cpp":
         pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install -e '.[dev]')")
     try:
         artifact, counted = artifact_for(runtime, pipeline)
-        runner = IsolatedRunner(runtime, artifact, protocol.threads)  # timed alone
+        runner = isolated(RuntimeSpec.parse(runtime).kind, artifact, protocol.threads)  # timed alone
     except Exception as e:  # recorded in the JSON's harness section, then failed: the rest still run
         bench_failures[runtime] = f"{type(e).__name__}: {e}"
         pytest.fail(f"{runtime}: could not build or load: {e}")
@@ -126,7 +128,7 @@ def test_host_benchmark(benchmark, runtime, pipeline, protocol, references, benc
             assert problem is None, f"{runtime}, prompt {i} vs eager {ref_recipe}: {problem}"
 
     # memory and load time from a fresh process; the roofline from this run's bandwidth
-    info.update({k: v for k, v in child_figures(runtime, artifact, protocol).items() if k != "sample"})
+    info.update({k: v for k, v in child_figures(runtime, artifact, protocol).items() if k != "generation"})
     context = len(protocol.prompts[0]) + protocol.new_tokens // 2
     per_token = (gguf_bytes_per_token(counted, config, context) if kind == "llama.cpp"
                  else torch_bytes_per_token(counted, context))
@@ -138,8 +140,8 @@ def test_host_benchmark(benchmark, runtime, pipeline, protocol, references, benc
     if info.get("artifact_mb") is None:
         info.pop("artifact_mb")
     if kind == "executorch":  # ExecuTorch's C++ LLM runner on the same .pte: its own timings
-        from harness.benchsuite import runner_figures
-        from harness.goldens import FIXTURE_PROMPTS
+        from harness.bench.suite import runner_figures
+        from harness.goldens.store import FIXTURE_PROMPTS
 
         pipe = pipeline(recipe, model=MODEL)
         texts = [pipe.loaded.tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,

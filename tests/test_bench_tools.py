@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from harness import device
+from harness.runtimes.base import RuntimeSpec
+
+from harness.bench import device
 from harness.errors import HarnessError
 
 pytestmark = pytest.mark.mac
@@ -65,7 +67,7 @@ def test_external_meter_command_is_read_as_watts():
 def test_decode_bytes_count_linears_in_full_and_one_embedding_row(pipeline):
     """The fixture's FP32 decode step reads every linear (the tied output projection included),
     one row of each embedding table and the KV cache; 8da4w reads about 4.5 bits per weight."""
-    from harness.roofline import kv_bytes_per_token, torch_bytes_per_token
+    from harness.bench.roofline import kv_bytes_per_token, torch_bytes_per_token
 
     fp32, q = pipeline("fp32"), pipeline("8da4w")
     cfg = fp32.loaded.config
@@ -79,7 +81,7 @@ def test_decode_bytes_count_linears_in_full_and_one_embedding_row(pipeline):
 
 
 def test_kv_bytes_follow_the_window_and_skip_shared_layers(pipeline):
-    from harness.roofline import kv_bytes_per_token
+    from harness.bench.roofline import kv_bytes_per_token
 
     cfg = pipeline("fp32").loaded.config  # 4 cache-owning layers: 3 sliding (32), 1 full (64)
     assert kv_bytes_per_token(cfg, 10) == 2 * 4 * 10 * (3 * 32 + 64)
@@ -105,7 +107,7 @@ def _result(tmp_path, failures=None):
 
 
 def test_report_table_has_a_row_per_runtime_and_the_llama_cpp_ratio(tmp_path):
-    from harness.report import markdown, read_result
+    from harness.bench.report import markdown, read_result
 
     text = markdown(read_result(_result(tmp_path, {"llama.cpp:f32": "ValueError: no converter"})))
     lines = text.splitlines()
@@ -132,7 +134,7 @@ def test_report_command_writes_the_table_and_a_png(tmp_path):
     ('{"benchmarks": []}', "no harness benchmark figures"),
 ])
 def test_report_refuses_what_is_not_a_benchmark_result(tmp_path, content, words):
-    from harness.report import read_result
+    from harness.bench.report import read_result
 
     path = tmp_path / "r.json"
     if content is not None:
@@ -148,32 +150,33 @@ def test_report_refuses_what_is_not_a_benchmark_result(tmp_path, content, words)
 def test_each_runtime_is_timed_in_a_fresh_process_with_the_same_answers():
     import os
 
-    from harness.benchrun import IsolatedRunner, Runner
+    from harness.runtimes.base import open_runtime
+    from harness.runtimes.process import isolated
 
     prompt = [2, 40, 41, 42, 43, 44]
-    with IsolatedRunner("eager:fp32", "fixture", 1) as child:
+    with isolated("eager", "fixture", 1) as child:
         assert child.pid != os.getpid()
         first = child.generate(prompt, 5)
         again = child.generate(prompt, 5)
         assert child.load_s > 0
     assert child.returncode == 0  # closed cleanly when the block ended
-    here = Runner("eager:fp32", "fixture", 1).generate(prompt, 5)
+    here = open_runtime("eager", "fixture", threads=1).generate(prompt, 5)
     assert first.ids == again.ids == here.ids
     assert (first.prompt_tokens, first.new_tokens) == (6, 5) and first.ttft_s > 0 and first.decode_s > 0
 
 
 def test_a_runtime_that_fails_in_its_process_says_why_in_one_line(tmp_path):
-    from harness.benchrun import IsolatedRunner
+    from harness.runtimes.process import isolated
 
     missing = tmp_path / "missing.pte"
     with pytest.raises(HarnessError) as err:
-        IsolatedRunner("executorch:fp32", str(missing), 1)
+        isolated("executorch", str(missing), 1)
     message = str(err.value)
-    assert "\n" not in message and "executorch:fp32" in message and "missing.pte" in message
+    assert "\n" not in message and "executorch on" in message and "missing.pte" in message
 
 
 def test_the_cpp_runner_figures_come_from_a_process_of_their_own(pipeline):
-    from harness.benchsuite import runner_figures
+    from harness.bench.suite import runner_figures
 
     pipe = pipeline("fp32")
     figures = runner_figures(str(pipe.pte_path), str(pipe.loaded.directory / "tokenizer.json"),
@@ -187,7 +190,7 @@ def test_the_cpp_runner_figures_come_from_a_process_of_their_own(pipeline):
 def test_bandwidth_is_the_best_of_its_read_loops():
     """Regression: numpy's pairwise float64 sum alone read 17 GB/s here while llama.cpp F32 decode
     moved 27 GB/s, so the roofline read 156%: the figure must be the best loop's, named."""
-    from harness.roofline import read_bandwidth
+    from harness.bench.roofline import read_bandwidth
 
     bw = read_bandwidth(threads=1, buffer_mb=64, repeats=2)
     assert bw.read_gb_s > 0.5 and bw.threads == 1 and bw.buffer_mb == 64
@@ -214,14 +217,14 @@ class _FakeRunner:
         self.name, self.log, self.decode_s = name, log, decode_s
 
     def generate(self, ids, n):
-        from harness.benchrun import Sample
+        from harness.runtimes.base import Generation
 
         self.log.append(self.name)
-        return Sample(len(ids), n, 0.01, self.decode_s, list(range(n)))
+        return Generation(prompt_ids=list(ids), ids=list(range(n)), ttft_s=0.01, decode_s=self.decode_s)
 
 
 def test_rounds_alternate_with_the_counterpart_and_the_ratio_is_paired():
-    from harness.benchsuite import Protocol, run_benchmark
+    from harness.bench.suite import Protocol, run_benchmark
 
     log: list[str] = []
     bench = _FakeBenchmark()
@@ -239,10 +242,10 @@ def test_rounds_alternate_with_the_counterpart_and_the_ratio_is_paired():
 
 
 def test_the_report_prefers_the_paired_ratio():
-    from harness.report import rows
+    from harness.bench.report import rows
 
     def bench(runtime, decode, **extra):
-        kind, _, recipe = runtime.partition(":")
+        kind, recipe = RuntimeSpec.parse(runtime)
         return {"name": runtime, "extra_info": dict(runtime=runtime, kind=kind, recipe=recipe, model="bench",
                                                     decode_tok_s=decode, counterpart="llama.cpp:q4_0" if kind != "llama.cpp" else "", **extra)}
 

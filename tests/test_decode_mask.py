@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FIXTURE_PROMPTS
-from harness.attention_probe import AttentionProbe
-from harness.goldens import check_tokens
-from harness.hf_loop import hf_loop_generate
-from harness.pipeline import eos_ids
+from support import FIXTURE_PROMPTS
+from support.attention_probe import AttentionProbe
+from harness.goldens.checks import check_tokens
+from support.hf_loop import hf_loop_generate
+from harness.program import eos_ids
 
 pytestmark = pytest.mark.mac
 

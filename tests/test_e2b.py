@@ -45,7 +45,7 @@ def difference(got: list[int], want: list[int], tokenizer) -> str | None:
 
 @pytest.fixture(scope="module")
 def e2b_pipelines():
-    from harness.export import ExportSettings
+    from harness.program import ExportSettings
     from harness.pipeline import Pipeline
 
     settings = ExportSettings(max_context=128)

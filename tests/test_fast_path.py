@@ -1,4 +1,4 @@
-"""The fast recipe (``8da4w-fast``, harness/fast.py): ExecuTorch's custom attention and KV-cache
+"""The fast recipe (``8da4w-fast``, harness/build/fast.py): ExecuTorch's custom attention and KV-cache
 ops, ring-buffer caches on sliding layers, the decoder delegated to XNNPACK, an INT4 embedding
 table. It must say exactly what ``8da4w`` says (its token goldens), keep saying it past the
 sliding window, and leave only the portable ops it has a reason for."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FIXTURE_DIR, FIXTURE_PROMPTS
-from harness.tolerances import tolerance
+from support import FIXTURE_DIR, FIXTURE_PROMPTS
+from harness.compare import compare_tensors
 
 pytestmark = pytest.mark.mac
 FAST = "8da4w-fast"
@@ -16,7 +16,7 @@ LONG_NEW_TOKENS = 40  # prompt (12-16 ids) + 40 crosses the fixture's 16-slot wi
 
 
 def _eos(p) -> list[int]:
-    from harness.pipeline import eos_ids
+    from harness.program import eos_ids
 
     return eos_ids(p.loaded)
 
@@ -40,7 +40,8 @@ def test_fast_wrapper_and_program_equal_8da4w_goldens(pipeline, golden_tokens_fo
 def test_fast_logits_are_held_to_8da4w_logit_goldens(pipeline, stage):
     """Not only the tokens: every logit at every generated position within a measured tolerance
     of 8da4w's logit goldens (the same quantization; another attention kernel and cache layout)."""
-    from harness.goldens import MAX_NEW_TOKENS, check_logit_golden
+    from harness.goldens.checks import check_logit_golden
+    from harness.goldens.store import MAX_NEW_TOKENS
 
     p = pipeline(FAST)
     problems = [check_logit_golden("8da4w", stage, prompt, p.generate(prompt, stage=stage, max_new_tokens=MAX_NEW_TOKENS),
@@ -72,7 +73,7 @@ def test_fast_pte_long_generation_equals_hf_generate(pipeline, prompt):
     import torch
 
     from harness.compare import compare_runs
-    from harness.generate import Generation, greedy
+    from harness.runtimes.base import Generation, greedy
 
     p = pipeline(FAST)
     ids = p.prompt_ids(prompt)
@@ -96,8 +97,6 @@ def test_fast_pte_prefill_past_the_window_in_one_call(pipeline):
     the rest goes to the trash slot) gives the same logits as transformers' forward."""
     import torch
 
-    from harness.tolerances import observe
-
     p = pipeline(FAST)
     ids = p.prompt_ids(FIXTURE_PROMPTS[0])
     with torch.no_grad():
@@ -107,16 +106,15 @@ def test_fast_pte_prefill_past_the_window_in_one_call(pipeline):
     runner = p.runner
     runner.step(torch.tensor([ids]), torch.arange(len(ids)))  # stale ring contents first
     got = runner.step(seq[None], torch.arange(len(seq)))[0]
-    err = (got - ref).abs().max().item()
-    observe("fast_prefill_vs_hf/8da4w-fast", err)
-    tol = tolerance("fast_prefill_vs_hf/8da4w-fast").atol
-    assert err <= tol, f"one-call prefill of {len(seq)}: max |diff| {err} > {tol}"
+    problem = compare_tensors(ref, got, "fast_prefill_vs_hf/8da4w-fast", "transformers (8da4w model)",
+                              "8da4w-fast .pte", f"a one-call prefill of {len(seq)}")
+    assert problem is None, problem
 
 
 def test_fast_pte_portable_ops_have_reasons(pipeline):
-    """Every operator left outside XNNPACK is one harness/fast.py explains, within the count its
+    """Every operator left outside XNNPACK is one harness/build/fast.py explains, within the count its
     reason implies for this model; the norms, RoPE and every matmul are delegated."""
-    from harness.fast import portable_op_budget
+    from harness.build.fast.budget import portable_op_budget
 
     p = pipeline(FAST)
     report = p.lower_report
@@ -146,12 +144,12 @@ def test_fast_pte_metadata_says_sdpa_with_kv_cache(pipeline):
 def test_fast_pte_in_executorch_llm_runner(pipeline, golden_tokens_for):
     """ExecuTorch's own LLM runner (the device path) finds the custom op kernels and says what
     the 8da4w goldens say."""
-    from harness.llm_runner import LLMRunner
+    from harness.runtimes.llm_runner import TextLLMRuntime
 
     p = pipeline(FAST)
-    runner = LLMRunner(p.pte_path, FIXTURE_DIR / "tokenizer.json")
+    runner = TextLLMRuntime(p.pte_path, FIXTURE_DIR / "tokenizer.json")
     for prompt in FIXTURE_PROMPTS:
         text = p.loaded.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
                                                       add_generation_prompt=True, tokenize=False)
-        out = runner.generate(text, max_new_tokens=9)
+        out = runner.generate_text(text, max_new_tokens=9)
         assert out.ids == golden_tokens_for("8da4w", "pte", prompt), f"{prompt!r}: {out.ids} {out.text!r}"

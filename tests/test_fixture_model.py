@@ -9,8 +9,9 @@ import re
 import pytest
 import torch
 
-from conftest import FIXTURE_DIR, corpus
-from harness.pipeline import encode_prompt, shared_model
+from support import FIXTURE_DIR, corpus
+from harness.build.pipeline import shared_model
+from harness.pipeline import encode_prompt
 
 pytestmark = pytest.mark.mac
 
@@ -29,7 +30,7 @@ def test_weights_hash_matches_model_card():
     card = (FIXTURE_DIR / "MODEL_CARD.md").read_text()
     recorded = re.search(r"sha256 `([0-9a-f]{64})`", card).group(1)
     actual = hashlib.sha256((FIXTURE_DIR / "model.safetensors").read_bytes()).hexdigest()
-    assert actual == recorded, "model.safetensors changed without MODEL_CARD.md (retrain with harness.train_fixture)"
+    assert actual == recorded, "model.safetensors changed without MODEL_CARD.md (retrain with harness.training.fixture)"
 
 
 def test_fixture_keeps_e2b_architecture(fx):

@@ -13,7 +13,7 @@ Never a traceback, a signal death or a hang. Every case goes through ``verdict``
 damaged ``.pte``, ``damage_problems``); ``test_the_checks_*`` show them failing a ``generate`` that
 refuses valid input, one that answers wrongly, and a damaged ``.pte`` that answered wrongly.
 
-In-process runs (``harness.cli.main``, stderr captured) take the many random prompts, token counts
+In-process runs (``harness.cli.main.main``, stderr captured) take the many random prompts, token counts
 and paths; real ``python -m harness`` processes take what only a process shows (argv bytes that
 are not UTF-8, what native code writes to file descriptor 2); damaged ``.pte`` files run in a
 child process with a timeout, one stderr file per case at the file-descriptor level, so that a
@@ -22,9 +22,7 @@ segfault or a hang is caught and attributed to its case.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -39,10 +37,10 @@ import pytest
 from hypothesis import Phase, assume, event, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import examples
+from support import examples, run_cli
 from harness.errors import HarnessError
-from harness.goldens import GOLDEN_PROMPTS, MAX_NEW_TOKENS, golden_ids
-from harness.load import FIXTURE_DIR
+from harness.goldens.store import GOLDEN_PROMPTS, MAX_NEW_TOKENS, golden_ids
+from harness.models.load import FIXTURE_DIR
 from harness.recipes import RECIPES, golden_recipe
 
 pytestmark = pytest.mark.mac
@@ -50,19 +48,6 @@ pytestmark = pytest.mark.mac
 RECIPE = "fp32"  # every case runs this recipe's .pte (lowered once, then cached)
 CHILD_ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONUTF8": "1"}  # argv bytes decode as UTF-8
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """``harness.cli.main(argv)`` in this process: (exit code, stdout, stderr)."""
-    from harness.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as e:  # argparse: usage errors and --help
-            rc = e.code if isinstance(e.code, int) else 1
-    return rc, out.getvalue(), err.getvalue()
 
 
 # ---- the outcome each input calls for -------------------------------------------------------------
@@ -370,7 +355,7 @@ def test_process_stderr_is_one_line(pte_file, tmp_path, args):
 # ---- damaged .pte files through the loader and the command, in a child with a timeout -------------
 PTE_CHILD = textwrap.dedent("""
     import contextlib, io, json, os, sys
-    from harness.cli import main
+    from harness.cli.main import main
     out_dir, new_tokens, cases = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     results = []
     for i, (path, prompt) in enumerate(cases):
@@ -494,7 +479,7 @@ def _golden_argv(pte_file: str) -> list[str]:
 def test_the_checks_fail_a_generate_that_refuses_valid_input(pte_file, expected, monkeypatch):
     """A generate that always gives a clean one-line error passed the old check; valid input
     must be answered, so the verdict fails it."""
-    import harness.cli
+    import harness.cli.main
 
     want = expected(GOLDEN_PROMPTS[0])
     assert verdict(*run_cli(_golden_argv(pte_file)), want) is None, "the real generate fails its own check"
@@ -502,7 +487,7 @@ def test_the_checks_fail_a_generate_that_refuses_valid_input(pte_file, expected,
     def refuse(args):
         raise HarnessError("the runtime is busy", "try again")
 
-    monkeypatch.setattr(harness.cli, "cmd_generate", refuse)
+    monkeypatch.setattr(harness.cli.main, "cmd_generate", refuse)
     rc, out, err = run_cli(_golden_argv(pte_file))
     assert refusal_problem(rc, err) is None, f"not the clean one-line refusal this is about: exit {rc}, {err!r}"
     problem = verdict(rc, out, err, want)
@@ -511,16 +496,16 @@ def test_the_checks_fail_a_generate_that_refuses_valid_input(pte_file, expected,
 
 def test_the_checks_fail_a_generate_that_answers_wrongly(pte_file, expected, monkeypatch):
     """A generate that drops the last token exits 0 quietly; the verdict names both answers."""
-    import harness.generate
+    import harness.runtimes.base
 
-    real = harness.generate.greedy
+    real = harness.runtimes.base.greedy
 
     def one_short(*args, **kw):
         gen = real(*args, **kw)
         gen.ids = gen.ids[:-1]
         return gen
 
-    monkeypatch.setattr(harness.generate, "greedy", one_short)
+    monkeypatch.setattr(harness.runtimes.base, "greedy", one_short)
     want = expected(GOLDEN_PROMPTS[0])
     rc, out, err = run_cli(_golden_argv(pte_file))
     assert (rc, err) == (0, ""), f"exit {rc}, {err!r}"

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from harness.goldens import GOLDEN_PROMPTS, goldens_dir, token_golden_path
+from harness.goldens.store import GOLDEN_PROMPTS, goldens_dir, token_golden_path
 
 pytestmark = pytest.mark.mac
 FRANCE = GOLDEN_PROMPTS[0]
@@ -46,7 +46,7 @@ def _tamper_clear_margin(computed, recipe="fp32", stage="pte", prompt=FRANCE, po
 
 
 def test_diff_names_a_tampered_golden_and_update_refuses_then_allows(goldens_copy, computed_goldens, capsys):
-    from harness.golden_refresh import diff_main, update_main
+    from harness.goldens.refresh import diff_main, update_main
 
     _tamper_clear_margin(computed_goldens)
     assert diff_main(computed=computed_goldens) == 1
@@ -72,7 +72,7 @@ def test_diff_names_a_tampered_golden_and_update_refuses_then_allows(goldens_cop
 
 
 def test_allowed_refreshes_are_appended_never_rewritten(goldens_copy, computed_goldens, capsys):
-    from harness.golden_refresh import update_main
+    from harness.goldens.refresh import update_main
 
     for reason in ("first", "second"):
         _tamper_clear_margin(computed_goldens)
@@ -94,7 +94,7 @@ def _with_step(gen, pos: int, token: int, margin: float):
 
 @pytest.mark.parametrize("margin,accepted", [(0.05, True), (3.0, False)])
 def test_the_gate_accepts_a_token_change_only_at_a_near_tie(goldens_copy, computed_goldens, margin, accepted):
-    from harness.golden_refresh import assess
+    from harness.goldens.refresh import assess
 
     key = ("8da4w", "pte", FRANCE)
     gen = computed_goldens.runs[key]
@@ -108,7 +108,7 @@ def test_the_gate_accepts_a_token_change_only_at_a_near_tie(goldens_copy, comput
 def test_the_gate_accepts_stages_that_follow_an_upstream_near_tie(goldens_copy, computed_goldens):
     """fp32 hf_generate flips at a near-tie and every later fp32 stage says what it now says: one
     acceptable change, localized at hf_generate."""
-    from harness.golden_refresh import assess
+    from harness.goldens.refresh import assess
 
     runs = dict(computed_goldens.runs)
     gen = runs[("fp32", "hf_generate", FRANCE)]
@@ -126,7 +126,7 @@ def test_the_gate_accepts_stages_that_follow_an_upstream_near_tie(goldens_copy, 
 
 
 def test_the_gate_blocks_logits_beyond_the_multiple_of_their_tolerance(goldens_copy, computed_goldens):
-    from harness.golden_refresh import assess
+    from harness.goldens.refresh import assess
     from harness.tolerances import tolerance
 
     key = ("fp32", "exported", FRANCE)

@@ -1,5 +1,5 @@
 """Goldens with teeth: each regression an upgrade can bring, injected into one stage, makes the
-golden checks (harness.goldens.check_*, what tests/test_goldens.py runs) fail with a message that
+golden checks (harness.goldens.checks.check_*, what tests/test_goldens.py runs) fail with a message that
 names the stage. Each test also shows the unperturbed run passing the same check, so the failure
 is the injection's.
 
@@ -15,10 +15,8 @@ import dataclasses
 import pytest
 import torch
 
-from harness.goldens import (
-    GOLDEN_PROMPTS, MAX_NEW_TOKENS, check_logit_golden, check_prompt_golden, check_token_golden,
-    logit_golden_path, read_json_golden,
-)
+from harness.goldens.checks import check_logit_golden, check_prompt_golden, check_token_golden
+from harness.goldens.store import GOLDEN_PROMPTS, MAX_NEW_TOKENS, logit_golden_path, read_json_golden
 
 pytestmark = pytest.mark.mac
 FRANCE = GOLDEN_PROMPTS[0]
@@ -37,8 +35,8 @@ def _transformed(gen, fn):
 
 
 def _greedy(step, p, prompt):
-    from harness.generate import greedy
-    from harness.pipeline import eos_ids
+    from harness.runtimes.base import greedy
+    from harness.program import eos_ids
 
     return greedy(step, p.prompt_ids(prompt), MAX_NEW_TOKENS, eos_ids=frozenset(eos_ids(p.loaded)),
                   max_context=p.settings.max_context)
@@ -79,7 +77,7 @@ def test_a_constant_shift_of_the_8da4w_pte_logits_fails_the_suite(pipeline):
 
 
 def greedy_all(step, p, ids):
-    from harness.generate import greedy
+    from harness.runtimes.base import greedy
 
     return greedy(step, ids, MAX_NEW_TOKENS, eos_ids=frozenset(), max_context=p.settings.max_context,
                   keep_prefill_logits=True)
@@ -99,7 +97,8 @@ def test_a_ten_percent_change_of_one_quantization_scale_fails_the_8da4w_goldens(
     """One scale (one group of 32 weights of one row) is 10% off. It moves the 8da4w logits by
     ~0.11 log-prob, inside what a benign 1e-6 nudge moves them (0.32: tolerances.py), so the
     quantize stage's own golden (codes exact, scales to 1e-5) is what names it."""
-    from harness.goldens import check_quantize_golden, quantize_record
+    from harness.goldens.checks import check_quantize_golden
+    from harness.goldens.store import quantize_record
 
     p = pipeline("8da4w")
     model = copy.deepcopy(p.quantized)

@@ -4,7 +4,7 @@ and each quantized recipe's quality against fp32 (KL, same-top-1).
 
 Stages, in the order a regression is localized: fp32 hf_generate → eager → exported → pte, then
 8da4w hf_generate (the quantize step, compared with fp32 hf_generate) → eager → exported → pte.
-The checks are harness.goldens.check_*: the teeth tests (test_golden_teeth.py) inject regressions
+The checks are harness.goldens.checks.check_*: the teeth tests (test_golden_teeth.py) inject regressions
 into the very same functions.
 """
 
@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FIXTURE_PROMPTS, RECIPE_NAMES
-from harness.goldens import (
-    STAGES, check_logit_golden, check_prompt_golden, check_quality_golden, check_quantize_golden,
-    check_token_golden, quantize_record, slug,
-)
+from support import FIXTURE_PROMPTS, RECIPE_NAMES
+from harness.goldens.checks import check_logit_golden, check_prompt_golden, check_quality_golden, check_quantize_golden, check_token_golden
+from harness.goldens.store import STAGES, quantize_record, slug
 
 pytestmark = pytest.mark.mac
 
@@ -68,7 +66,7 @@ def test_quality_golden(computed_goldens, recipe):
 
 def test_goldens_diff_finds_nothing_on_this_stack(computed_goldens, capsys):
     """What `harness goldens diff` says on the stack the goldens were recorded under: nothing."""
-    from harness.golden_refresh import diff_main
+    from harness.goldens.refresh import diff_main
 
     status = diff_main(computed=computed_goldens)
     out = capsys.readouterr().out

@@ -7,7 +7,7 @@ our token ids (chat-templated), so tokenization is not compared.
 - llama.cpp F32, teacher-forced on transformers' ids: the same top-5 ids as transformers' FP32 at
   every prompt position and every generated position (order differences only where transformers
   itself has a near-tie), every logit within ``llamacpp_vs_hf/f32_logits``. This is
-  ``harness.llamacpp.llamacpp_agreement``, the very function the golden-refresh gate calls.
+  ``harness.goldens.agreement.llamacpp_agreement``, the very function the golden-refresh gate calls.
 - llama.cpp Q4_0: the committed fp32 token goldens. A golden refresh that an independent
   implementation disagrees with fails here, even when every ExecuTorch stage moved with it.
 - Bad GGUFs (missing, random bytes, a .pte renamed, truncated, corrupt) and unconvertible
@@ -23,19 +23,22 @@ import sys
 
 import pytest
 
-from harness import gguf as G
+from harness.runtimes import gguf as G
+from harness.runtimes import llamacpp_setup as S
 from harness.errors import HarnessError
-from harness.generate import Generation
-from harness.goldens import GOLDEN_PROMPTS, MAX_NEW_TOKENS, first_divergence, golden_ids, slug
-from harness.llamacpp import (AGREEMENT_CTX, TOP_K, LlamaCppRunner, llamacpp_agreement, position_problems,
-                              transformers_prompt_logits)
-from harness.pipeline import eos_ids
+from harness.runtimes.base import Generation
+from harness.goldens.checks import first_divergence
+from harness.goldens.store import GOLDEN_PROMPTS, MAX_NEW_TOKENS, golden_ids, slug
+from harness.goldens.agreement import (AGREEMENT_CTX, TOP_K, llamacpp_agreement, position_problems, top_ids,
+                                       transformers_prompt_logits)
+from harness.runtimes.llamacpp import LlamaCppRuntime
+from harness.program import eos_ids
 from harness.tolerances import tolerance
 
 pytestmark = pytest.mark.mac
 
 MAX_NEW = MAX_NEW_TOKENS  # as the goldens
-LLAMA_CPP_PROBLEM = G.llama_cpp_import_problem()  # None when llama_cpp imports
+LLAMA_CPP_PROBLEM = S.llama_cpp_import_problem()  # None when llama_cpp imports
 
 params = pytest.mark.parametrize("prompt", GOLDEN_PROMPTS, ids=slug)
 
@@ -44,7 +47,7 @@ params = pytest.mark.parametrize("prompt", GOLDEN_PROMPTS, ids=slug)
 def act_on_missing_llama_cpp(problem: str | None, env=None) -> None:
     """``pytest.fail`` (CI) or ``pytest.skip`` (elsewhere) with the one-line reason when
     llama-cpp-python is missing; nothing when it imports."""
-    verdict = G.missing_llama_cpp_verdict(problem, env)
+    verdict = S.missing_llama_cpp_verdict(problem, env)
     if verdict is None:
         return
     kind, reason = verdict
@@ -62,27 +65,27 @@ def test_llama_cpp_is_installed():
 @pytest.fixture(scope="module")
 def needs_llama_cpp():
     if LLAMA_CPP_PROBLEM is not None:
-        pytest.skip(f"{G.missing_llama_cpp_verdict(LLAMA_CPP_PROBLEM, env={})[1]} "
+        pytest.skip(f"{S.missing_llama_cpp_verdict(LLAMA_CPP_PROBLEM, env={})[1]} "
                     "(with CI set, test_llama_cpp_is_installed fails)")
 
 
 def test_missing_llama_cpp_fails_in_ci_and_skips_elsewhere(monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # what an environment without it sees
-    problem = G.llama_cpp_import_problem()
+    problem = S.llama_cpp_import_problem()
     assert problem is not None and "llama_cpp (the llama-cpp-python binding) cannot be imported" in problem
 
     monkeypatch.setenv("CI", "true")
-    kind, reason = G.missing_llama_cpp_verdict(problem)
+    kind, reason = S.missing_llama_cpp_verdict(problem)
     assert kind == "fail" and "\n" not in reason and "pip install -e '.[dev]'" in reason, reason
     with pytest.raises(pytest.fail.Exception, match=r"cannot be imported .*pip install -e '\.\[dev\]'.*CI is set"):
         act_on_missing_llama_cpp(problem)
 
     for env in ({"CI": ""}, {}):
-        kind, reason = G.missing_llama_cpp_verdict(problem, env)
+        kind, reason = S.missing_llama_cpp_verdict(problem, env)
         assert kind == "skip" and "\n" not in reason and "pip install" in reason, reason
         with pytest.raises(pytest.skip.Exception, match="cannot be imported .*pip install"):
             act_on_missing_llama_cpp(problem, env)
-    assert G.missing_llama_cpp_verdict(None, {"CI": "true"}) is None  # installed: nothing to say
+    assert S.missing_llama_cpp_verdict(None, {"CI": "true"}) is None  # installed: nothing to say
 
     # the gate's entry point says the same, as a HarnessError, before doing anything else
     with pytest.raises(HarnessError, match=r"cannot be imported .*; pip install -e '\.\[dev\]'") as e:
@@ -93,16 +96,16 @@ def test_missing_llama_cpp_fails_in_ci_and_skips_elsewhere(monkeypatch):
 # ---- llama.cpp runners, one per GGUF kind for the module -------------------------------------------
 @pytest.fixture(scope="module")
 def llama(needs_llama_cpp):
-    """``llama(kind)``: one loaded LlamaCppRunner per GGUF kind for the module."""
+    """``llama(kind)``: one loaded LlamaCppRuntime per GGUF kind for the module."""
     runners: dict = {}
 
-    def get(kind: str) -> LlamaCppRunner:
+    def get(kind: str) -> LlamaCppRuntime:
         if kind not in runners:
             if kind == "f32":  # as llamacpp_agreement makes it: F32 KV cache, every position's logits
-                runners[kind] = LlamaCppRunner(G.gguf_for("fixture", kind), n_ctx=AGREEMENT_CTX,
+                runners[kind] = LlamaCppRuntime(G.gguf_for("fixture", kind), n_ctx=AGREEMENT_CTX,
                                                kv_type="f32", logits_all=True)
             else:  # as llama.cpp deploys it
-                runners[kind] = LlamaCppRunner(G.gguf_for("fixture", kind), n_ctx=AGREEMENT_CTX, kv_type="f16")
+                runners[kind] = LlamaCppRuntime(G.gguf_for("fixture", kind), n_ctx=AGREEMENT_CTX, kv_type="f16")
         return runners[kind]
 
     yield get
@@ -216,8 +219,7 @@ def test_q4_0_reproduces_the_goldens(prompt, llama, pipeline):
     golden = golden_ids("fp32", "hf_generate", prompt)
     pipe = pipeline("fp32")
     tok = pipe.loaded.tokenizer
-    gen = llama("q4_0").generate(pipe.prompt_ids(prompt), MAX_NEW, eos_ids=eos_ids(pipe.loaded),
-                                 top_k=TOP_K, keep_logits=True)
+    gen = llama("q4_0").generate(pipe.prompt_ids(prompt), MAX_NEW, eos_ids=eos_ids(pipe.loaded))
     pos = first_divergence(golden, gen.ids)
     if pos is None:
         return
@@ -229,7 +231,8 @@ def test_q4_0_reproduces_the_goldens(prompt, llama, pipeline):
         detail = (f"; llama.cpp Q4_0 logits there: its pick {float(logits[got]):.4f}"
                   + (f", the golden's {float(logits[want]):.4f} (deficit {float(logits[got] - logits[want]):.4f})"
                      if want is not None else "")
-                  + f", top-2 margin {gen.margins[pos]:.4f}, top-5 {gen.top[pos][0]}")
+                  + f", top-2 margin {float(logits[top_ids(logits, 2)[0]] - logits[top_ids(logits, 2)[1]]):.4f}"
+                  + f", top-5 {top_ids(logits, TOP_K).tolist()}")
     pytest.fail(
         f"llama.cpp Q4_0 disagrees with the fp32 hf_generate golden for {prompt!r} at generated position {pos}: "
         f"golden {_tok(tok, want)}, llama.cpp {_tok(tok, got)}{detail}; golden "
@@ -244,7 +247,7 @@ def test_gguf_is_cached_and_keyed_by_llama_cpp_version(f32_gguf):
     again = G.gguf_for("fixture", "f32", cache=cache)
     assert again == f32_gguf and cache.events[-1][2] == "hit"
     meta = json.loads((f32_gguf.parent / "meta.json").read_text())
-    assert meta["llama_cpp_python"] == G.llama_cpp_version()
+    assert meta["llama_cpp_python"] == S.llama_cpp_version()
     info = G.check_gguf(f32_gguf)
     assert info.architecture == "gemma4" and info.fields["gemma4.attention.shared_kv_layers"] == 2
 
@@ -326,7 +329,7 @@ def test_gguf_with_a_corrupt_header(tmp_path, f32_gguf):
         G.check_gguf(path)
     _one_line(e)
     with pytest.raises(HarnessError, match="is corrupt or truncated"):
-        LlamaCppRunner(path)
+        LlamaCppRuntime(path)
 
 
 def test_directory_is_not_a_gguf(tmp_path):
@@ -338,13 +341,13 @@ def _open(opener: str, path, tmp_path):
     if opener == "check":
         return G.check_gguf(path)
     if opener == "runner":
-        return LlamaCppRunner(path)
+        return LlamaCppRuntime(path)
     return G.quantize(path, tmp_path / "out-q4_0.gguf", "q4_0")
 
 
 def test_runner_rejects_ids_outside_the_vocabulary(llama):
     r = llama("f32")
-    with pytest.raises(HarnessError, match="prompt id 5000 is outside the model's vocabulary \\(0..1023\\)"):
+    with pytest.raises(HarnessError, match="token id 5000 is outside the vocabulary \\(0..1023\\)"):
         r.generate([2, 5000], 3)
     with pytest.raises(HarnessError, match="exceed llama.cpp's context of 256"):
         r.generate([2] * 250, 10)
@@ -352,7 +355,7 @@ def test_runner_rejects_ids_outside_the_vocabulary(llama):
 
 # ---- unconvertible directories -----------------------------------------------------------------------------
 def _fixture_copy(tmp_path):
-    from harness.load import FIXTURE_DIR
+    from harness.models.load import FIXTURE_DIR
 
     d = tmp_path / "model"
     shutil.copytree(FIXTURE_DIR, d)
@@ -425,12 +428,12 @@ def test_converter_fetch_failure_names_the_command(tmp_path, monkeypatch):
     import subprocess
 
     monkeypatch.delenv("HARNESS_LLAMA_CPP_SDIST", raising=False)
-    monkeypatch.setattr(G, "_run_pip", lambda cmd: subprocess.CompletedProcess(
+    monkeypatch.setattr(S, "_run_pip", lambda cmd: subprocess.CompletedProcess(
         cmd, 1, "", "ERROR: Could not find a version that satisfies the requirement llama-cpp-python==0.3.36\n"))
     with pytest.raises(HarnessError, match=r"could not download the llama-cpp-python==0\.3\.36 sdist .*"
                                            r"pip download --no-binary :all: --no-deps .*llama-cpp-python==0\.3\.36.*"
                                            r"HARNESS_LLAMA_CPP_SDIST") as e:
-        G.converter_dir("0.3.36", root=tmp_path)
+        S.converter_dir("0.3.36", root=tmp_path)
     _one_line(e)
     assert not (tmp_path / "llama.cpp-0.3.36").exists()
 
@@ -440,10 +443,10 @@ def test_converter_from_a_bad_local_sdist(tmp_path, monkeypatch):
     bad.write_bytes(b"not a tarball")
     monkeypatch.setenv("HARNESS_LLAMA_CPP_SDIST", str(bad))
     with pytest.raises(HarnessError, match="is not a readable sdist"):
-        G.converter_dir("0.3.36", root=tmp_path / "cache")
+        S.converter_dir("0.3.36", root=tmp_path / "cache")
     monkeypatch.setenv("HARNESS_LLAMA_CPP_SDIST", str(tmp_path / "missing.tar.gz"))
     with pytest.raises(HarnessError, match="HARNESS_LLAMA_CPP_SDIST=.* is not a file"):
-        G.converter_dir("0.3.36", root=tmp_path / "cache")
+        S.converter_dir("0.3.36", root=tmp_path / "cache")
     assert not (tmp_path / "cache" / "llama.cpp-0.3.36").exists()
 
 
@@ -451,7 +454,7 @@ def test_gguf_llama_cpp_cannot_load(tmp_path, needs_llama_cpp):
     """Well-formed GGUF, unknown architecture: llama.cpp's own reason (from its log), one line."""
     import numpy as np
 
-    gguf = G.gguf_py()
+    gguf = S.gguf_py()
     path = tmp_path / "alien.gguf"
     w = gguf.GGUFWriter(str(path), "notanarch")
     w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
@@ -461,7 +464,7 @@ def test_gguf_llama_cpp_cannot_load(tmp_path, needs_llama_cpp):
     w.close()
     assert G.check_gguf(path).architecture == "notanarch"
     with pytest.raises(HarnessError, match="llama.cpp could not load .*notanarch.*; re-convert") as e:
-        LlamaCppRunner(path)
+        LlamaCppRuntime(path)
     _one_line(e)
 
 
@@ -470,11 +473,11 @@ def test_llama_cpp_not_importable(monkeypatch, f32_gguf):
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     with pytest.raises(HarnessError, match="llama_cpp .* cannot be imported .*pip install -e '.\\[dev\\]'"):
-        LlamaCppRunner(f32_gguf)
+        LlamaCppRuntime(f32_gguf)
 
     def missing(name):
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(G.metadata, "version", missing)
+    monkeypatch.setattr(S.metadata, "version", missing)
     with pytest.raises(HarnessError, match="llama-cpp-python is not installed; pip install"):
-        G.llama_cpp_version()
+        S.llama_cpp_version()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FIXTURE_DIR, FIXTURE_PROMPTS, RECIPE_NAMES
-from harness.llm_runner import LLMRunner, runner_decode, runner_encode
+from support import FIXTURE_DIR, FIXTURE_PROMPTS, RECIPE_NAMES
+from harness.runtimes.llm_runner import TextLLMRuntime, runner_decode, runner_encode
 
 pytestmark = pytest.mark.mac
 TOKENIZER_JSON = FIXTURE_DIR / "tokenizer.json"
@@ -29,9 +29,9 @@ def test_runner_tokenizer_agrees_with_transformers(pipeline, prompt):
 @pytest.mark.parametrize("recipe", RECIPE_NAMES)
 def test_runner_reproduces_the_goldens(pipeline, golden_tokens_for, recipe):
     p = pipeline(recipe)
-    runner = LLMRunner(p.pte_path, TOKENIZER_JSON)
+    runner = TextLLMRuntime(p.pte_path, TOKENIZER_JSON)
     for prompt in FIXTURE_PROMPTS:
-        out = runner.generate(_templated(p.loaded.tokenizer, prompt), max_new_tokens=9)
+        out = runner.generate_text(_templated(p.loaded.tokenizer, prompt), max_new_tokens=9)
         golden = golden_tokens_for(recipe, "pte", prompt)
         assert out.ids == golden, f"{recipe} {prompt!r}: runner {out.ids} {out.text!r}, golden {golden}"
         assert out.stats["prompt_tokens"] == len(p.prompt_ids(prompt))

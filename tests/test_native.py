@@ -1,5 +1,5 @@
-"""ExecuTorch's C++ runtime with no Python and no libtorch (harness/native.py, the program in
-harness/native/): what a device application links. It must link no libtorch, say what the Python
+"""ExecuTorch's C++ runtime with no Python and no libtorch (harness/runtimes/native.py, the program in
+harness/runtimes/cpp/): what a device application links. It must link no libtorch, say what the Python
 runtime says (the goldens; logits within a stated tolerance; past the sliding window), refuse bad
 input with one line, and hold the peak memory a torch-free runtime should.
 
@@ -17,8 +17,9 @@ import subprocess
 
 import pytest
 
-from conftest import FIXTURE_PROMPTS
-from harness.tolerances import observe, tolerance
+from support import FIXTURE_PROMPTS
+from harness.compare import compare_tensors
+from harness.tolerances import tolerance
 
 pytestmark = pytest.mark.mac
 RECIPES = ("fp32", "8da4w", "8da4w-fast")
@@ -26,7 +27,7 @@ RECIPES = ("fp32", "8da4w", "8da4w-fast")
 
 @pytest.fixture(scope="module")
 def binary():
-    from harness.native import native_runner
+    from harness.runtimes.native import native_runner
 
     return native_runner()
 
@@ -50,9 +51,9 @@ def native_logits(binary, pte, ids, chunk=None):
 def python_logits(pte, ids, chunk=None):
     import torch
 
-    from harness.pte import PteRunner
+    from harness.runtimes.executorch import PteRuntime
 
-    runner = PteRunner(pte)
+    runner = PteRuntime(pte)
     chunk = chunk or len(ids)
     parts = [runner.step(torch.tensor([ids[a:a + chunk]]), torch.arange(a, min(len(ids), a + chunk)))
              for a in range(0, len(ids), chunk)]
@@ -60,7 +61,7 @@ def python_logits(pte, ids, chunk=None):
 
 
 def test_native_runner_links_no_torch_and_no_python(binary):
-    from harness.native import linked_libraries
+    from harness.runtimes.native import linked_libraries
 
     libs = linked_libraries(binary)
     assert any("libexecutorch.so" in lib for lib in libs), libs
@@ -72,10 +73,10 @@ def test_native_runner_links_no_torch_and_no_python(binary):
 def test_native_says_the_goldens(binary, pipeline, golden_tokens_for, recipe):
     """Every fixture prompt, greedy through the native runner (no EOS stop: the golden's EOS must
     come where the golden has it), equals the .pte goldens (8da4w-fast's are 8da4w's)."""
-    from harness.benchrun import IsolatedRunner
+    from harness.runtimes.process import isolated
 
     p = pipeline(recipe)
-    with IsolatedRunner(f"executorch-native:{recipe}", str(p.pte_path), 2) as child:
+    with isolated("executorch-native", str(p.pte_path), 2) as child:
         for prompt in FIXTURE_PROMPTS:
             golden = golden_tokens_for("8da4w" if recipe == "8da4w-fast" else recipe, "pte", prompt)
             ids = child.generate(p.prompt_ids(prompt), len(golden)).ids
@@ -89,11 +90,11 @@ def test_native_logits_equal_the_python_runtime(binary, pipeline, recipe):
     p = pipeline(recipe)
     ids = p.prompt_ids(FIXTURE_PROMPTS[0]) + p.prompt_ids(FIXTURE_PROMPTS[1])[1:] + p.prompt_ids(FIXTURE_PROMPTS[2])[1:]
     assert len(ids) > p.loaded.config.sliding_window
-    tol = tolerance(f"native_vs_pte/{recipe}").atol
     for chunk in (None, 5):
-        err = (native_logits(binary, p.pte_path, ids, chunk) - python_logits(p.pte_path, ids, chunk)).abs().max().item()
-        observe(f"native_vs_pte/{recipe}", err)
-        assert err <= tol, f"{recipe}, {len(ids)} ids in chunks of {chunk or len(ids)}: max |diff| {err} > {tol}"
+        problem = compare_tensors(python_logits(p.pte_path, ids, chunk), native_logits(binary, p.pte_path, ids, chunk),
+                                  f"native_vs_pte/{recipe}", f"{recipe} .pte (Python runtime)", f"{recipe} native",
+                                  f"{len(ids)} ids in chunks of {chunk or len(ids)}")
+        assert problem is None, problem
 
 
 def test_native_fast_long_generation_equals_the_python_runtime(binary, pipeline):
@@ -101,17 +102,17 @@ def test_native_fast_long_generation_equals_the_python_runtime(binary, pipeline)
     only at a near-tie of the Python runtime's logits."""
     import torch
 
-    from harness.benchrun import IsolatedRunner
-    from harness.generate import greedy
-    from harness.pte import PteRunner
+    from harness.runtimes.process import isolated
+    from harness.runtimes.base import greedy
+    from harness.runtimes.executorch import PteRuntime
 
     p = pipeline("8da4w-fast")
     tol = tolerance("native_long_vs_pte/8da4w-fast").atol
-    with IsolatedRunner("executorch-native:8da4w-fast", str(p.pte_path), 2) as child:
+    with isolated("executorch-native", str(p.pte_path), 2) as child:
         for prompt in FIXTURE_PROMPTS[:3]:
             ids = p.prompt_ids(prompt)
             ours = child.generate(ids, 60).ids
-            ref = greedy(PteRunner(p.pte_path).step, ids, 60, max_context=p.settings.max_context)
+            ref = greedy(PteRuntime(p.pte_path).step, ids, 60, max_context=p.settings.max_context)
             first = next((i for i, (a, b) in enumerate(zip(ours, ref.ids)) if a != b), None)
             if first is None:
                 continue
@@ -123,13 +124,13 @@ def test_native_fast_long_generation_equals_the_python_runtime(binary, pipeline)
 def test_native_peak_memory_is_below_the_python_runtimes_libraries(binary, pipeline):
     """The point of the native runner: its whole peak RSS, model included, is below the RSS the
     Python runtime holds before it loads any model (libtorch)."""
-    from harness.benchrun import measure_in_child
+    from harness.runtimes.process import measure_once
 
     p = pipeline("8da4w-fast")
     prompt = p.prompt_ids(FIXTURE_PROMPTS[0])
-    native = measure_in_child("executorch-native:8da4w-fast", str(p.pte_path), 2, prompt, 8)
-    python = measure_in_child("executorch:8da4w-fast", str(p.pte_path), 2, prompt, 8)
-    assert native["sample"]["ids"] == python["sample"]["ids"]
+    native = measure_once("executorch-native", str(p.pte_path), 2, prompt, 8)
+    python = measure_once("executorch", str(p.pte_path), 2, prompt, 8)
+    assert native["generation"]["ids"] == python["generation"]["ids"]
     assert native["peak_rss_mb"] < python["base_rss_mb"], (native, python)
 
 
@@ -154,11 +155,11 @@ def test_native_refuses_a_missing_or_broken_pte(binary, tmp_path):
 
 
 def test_native_runtime_error_names_the_command(pipeline, tmp_path):
-    from harness.benchrun import IsolatedRunner
+    from harness.runtimes.process import isolated
     from harness.errors import HarnessError
 
     with pytest.raises(HarnessError, match="cannot read .*run it by hand: .*et_native"):
-        IsolatedRunner("executorch-native:fp32", str(tmp_path / "missing.pte"), 1)
+        isolated("executorch-native", str(tmp_path / "missing.pte"), 1)
 
 
 # ---- the llama:: kernels against ExecuTorch's own, on small programs -------------------------------
@@ -167,7 +168,7 @@ def _llama_program(kind: str, heads: int, kv_heads: int, head_dim: int, slots: i
     random embeddings of the ids, written to a cache and attended with llama::custom_sdpa."""
     import torch
 
-    from harness.fast import load_custom_ops_for_export
+    from harness.oplib import load_custom_ops_for_export
 
     load_custom_ops_for_export()
     torch.manual_seed(0)
@@ -233,12 +234,10 @@ def test_native_llama_kernels_equal_executorchs(binary, tmp_path, kind, heads, k
     pte.write_bytes(program.buffer)
     prompt = [int(i) for i in torch.randint(0, 64, (20,), generator=torch.Generator().manual_seed(1))]
     for chunk in (None, 1, 7):
-        ours = native_logits(binary, pte, prompt, chunk)
-        theirs = python_logits(pte, prompt, chunk)
-        err = (ours - theirs).abs().max().item()
-        observe("native_llama_kernels_vs_executorch", err)
-        tol = tolerance("native_llama_kernels_vs_executorch").atol
-        assert err <= tol, f"{kind} H={heads} Hkv={kv_heads} D={head_dim} chunks of {chunk}: max |diff| {err} > {tol}"
+        problem = compare_tensors(python_logits(pte, prompt, chunk), native_logits(binary, pte, prompt, chunk),
+                                  "native_llama_kernels_vs_executorch", "ExecuTorch's kernels", "the native llama:: kernels",
+                                  f"{kind} H={heads} Hkv={kv_heads} D={head_dim} chunks of {chunk}")
+        assert problem is None, problem
 
 
 def test_harness_generate_native_says_what_the_python_runtime_says(pipeline):
@@ -255,10 +254,16 @@ def test_harness_generate_native_says_what_the_python_runtime_says(pipeline):
 
 
 def test_harness_generate_native_refuses_a_long_request_with_one_line(pipeline):
+    """The same one line with and without --native: the harness's guard (the .pte's own limits)
+    speaks before either runtime sees the request."""
     import sys
 
     pte = str(pipeline("8da4w-fast").pte_path)
-    out = subprocess.run([sys.executable, "-m", "harness", "generate", "--pte", pte, "--prompt", "Hi", "--native",
-                          "--max-new-tokens", "500"], capture_output=True, text=True, timeout=300)
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1 and "exceed the program's 128-token context" in lines[0], out.stderr
+    outs = [subprocess.run([sys.executable, "-m", "harness", "generate", "--pte", pte, "--prompt", "Hi", *extra,
+                            "--max-new-tokens", "500"], capture_output=True, text=True, timeout=300)
+            for extra in ([], ["--native"])]
+    for out in outs:
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and "exceed the exported maximum context of 128" in lines[0], \
+            out.stderr
+    assert outs[0].stderr == outs[1].stderr

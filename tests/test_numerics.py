@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import FIXTURE_PROMPTS, RECIPE_NAMES
-from harness.export import export_program
-from harness.generate import greedy
+from support import FIXTURE_PROMPTS, RECIPE_NAMES
+from harness.build.export import export_program
+from harness.runtimes.base import greedy
+from harness.compare import compare_tensors
+from harness.runtimes.pytorch import ExportedRuntime
 from harness.tolerances import observe, tolerance
 
 pytestmark = pytest.mark.mac
@@ -28,32 +30,30 @@ def test_exported_logits_are_bit_exact_with_eager(pipeline, recipe):
     """torch.equal for the prefill (every position) and every decode step. This is the one test
     that exports on a warm cache: it checks torch.export itself, in memory."""
     p = pipeline(recipe)
-    ep = export_program(p.quantized, p.settings)
-    module = ep.module()
+    ep = export_program(p.quantized, p.settings, p.recipe.export)
     for prompt in FIXTURE_PROMPTS[:3]:
         eager = _steps(p, p.eager_step(), prompt)
-        exported = _steps(p, lambda i, c: module(input_ids=i, cache_position=c), prompt)
+        exported = _steps(p, ExportedRuntime(ep, settings=p.settings).step, prompt)
         assert eager.ids == exported.ids
+        assert tolerance("eager_vs_exported").atol == 0  # bit-exact: compare_tensors then means torch.equal
         for k, (a, b) in enumerate(zip(_all_logits(eager), _all_logits(exported))):
-            observe("eager_vs_exported", float((a - b).abs().max()))
-            assert tolerance("eager_vs_exported").atol == 0 and torch.equal(a, b), (
-                f"{recipe}: exported logits differ from eager at call {k} ({'prefill' if k == 0 else 'decode'}): "
-                f"max |diff| {float((a - b).abs().max()):.3e}"
-            )
+            problem = compare_tensors(a, b, "eager_vs_exported", f"{recipe} eager", f"{recipe} exported",
+                                      f"call {k} ({'prefill' if k == 0 else 'decode'}) of {prompt!r}")
+            assert problem is None, problem
 
 
 @recipes
 def test_reloaded_pt2_matches_eager_within_tolerance(pipeline, recipe):
     p = pipeline(recipe)
-    tol = tolerance("pt2_reload")
     for prompt in FIXTURE_PROMPTS[:3]:
         eager = _steps(p, p.eager_step(), prompt)
         reloaded = _steps(p, p.exported_step(), prompt)
         assert eager.ids == reloaded.ids
         assert torch.equal(eager.prefill_logits, reloaded.prefill_logits), "prefill must be bit-exact"
-        worst = max(float((a - b).abs().max()) for a, b in zip(_all_logits(eager), _all_logits(reloaded)))
-        observe("pt2_reload", worst)
-        assert worst <= tol.atol, f"{recipe}: reloaded .pt2 max |diff| {worst:.3e} > {tol.atol} ({tol.reason})"
+        for k, (a, b) in enumerate(zip(_all_logits(eager), _all_logits(reloaded))):
+            problem = compare_tensors(a, b, "pt2_reload", f"{recipe} eager", f"{recipe} reloaded .pt2",
+                                      f"call {k} of {prompt!r}")
+            assert problem is None, problem
 
 
 @recipes

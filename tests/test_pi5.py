@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import device
+from harness.runtimes.base import RuntimeSpec
+
+from harness.bench import device
 
 pytestmark = pytest.mark.pi5
 
@@ -30,7 +32,7 @@ def bundle(request):
     if not where:
         pytest.skip("no bundle: build one with `harness bench bundle DIR` on a workstation, copy it here, "
                     "and pass --pi5-bundle DIR (or set HARNESS_PI5_BUNDLE)")
-    from harness.bundle import read_manifest
+    from harness.bench.bundle import read_manifest
 
     manifest = read_manifest(Path(where))
     return Path(where), manifest
@@ -39,18 +41,18 @@ def bundle(request):
 @pytest.fixture(scope="module")
 def board_state(bundle, request):
     """Governor and throttling before measuring; the idle draw as the energy baseline."""
-    from conftest import _BENCH_STATE
+    from support import BENCH_STATE
 
     governor = device.cpu_governor()
     if governor != "performance":
         warnings.warn(f"CPU governor is {governor!r}, not 'performance': figures will vary "
                       "(echo performance | sudo tee /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor)")
-    _BENCH_STATE["throttled_before"] = device.throttled()
+    BENCH_STATE["throttled_before"] = device.throttled()
     power = device.power_source(request.config.getoption("--power-meter-cmd"))
     if power:
         with device.PowerSampler(power) as idle:
             time.sleep(3.0)
-        _BENCH_STATE["idle_w"] = idle.mean_watts
+        BENCH_STATE["idle_w"] = idle.mean_watts
     return {"governor": governor, "power": power}
 
 
@@ -60,13 +62,13 @@ def _fixture_cases(manifest):
 
 def test_pi5_goldens_python_runtime(bundle):
     """Every bundled fixture .pte says the goldens on the device, through ExecuTorch's runtime."""
-    from harness.generate import greedy
-    from harness.pte import PteRunner
+    from harness.runtimes.base import greedy
+    from harness.runtimes.executorch import PteRuntime
 
     root, manifest = bundle
     fx = manifest["fixture"]
     for recipe, name in fx["pte"].items():
-        runner = PteRunner(root / name)
+        runner = PteRuntime(root / name)
         for p in fx["prompts"]:
             gen = greedy(runner.step, p["ids"], fx["max_new_tokens"], eos_ids=frozenset(fx["eos_ids"]))
             assert gen.ids == p["goldens"][recipe], f"{recipe} {p['prompt']!r}: {gen.ids} != golden {p['goldens'][recipe]}"
@@ -74,26 +76,27 @@ def test_pi5_goldens_python_runtime(bundle):
 
 def test_pi5_goldens_llm_runner(bundle):
     """The same through ExecuTorch's C++ LLM runner with its own tokenizer (what users deploy)."""
-    from harness.llm_runner import LLMRunner
+    from harness.runtimes.llm_runner import TextLLMRuntime
 
     root, manifest = bundle
     fx = manifest["fixture"]
     for recipe, name in fx["pte"].items():
-        runner = LLMRunner(root / name, root / "fixture-tokenizer.json")
+        runner = TextLLMRuntime(root / name, root / "fixture-tokenizer.json")
         for p in fx["prompts"]:
-            out = runner.generate(p["templated"], fx["max_new_tokens"])
+            out = runner.generate_text(p["templated"], fx["max_new_tokens"])
             assert out.ids == p["goldens"][recipe], f"{recipe} {p['prompt']!r}: runner {out.ids} != golden"
 
 
 def test_pi5_goldens_native_runner(bundle):
     """The same through the torch-free native runner (harness/native), built on the device against
     its executorch wheel's C++ runtime: no EOS stop, so each golden's EOS must come where it is."""
-    from harness.benchrun import NATIVE, IsolatedRunner
+    from harness.bench.protocol import NATIVE
+    from harness.runtimes.process import isolated
 
     root, manifest = bundle
     fx = manifest["fixture"]
     for recipe, name in fx["pte"].items():
-        with IsolatedRunner(f"{NATIVE}:{recipe}", str(root / name), 2) as child:
+        with isolated(NATIVE, str(root / name), 2) as child:
             for p in fx["prompts"]:
                 golden = p["goldens"][recipe]
                 ids = child.generate(p["ids"], len(golden)).ids
@@ -101,7 +104,7 @@ def test_pi5_goldens_native_runner(bundle):
 
 
 def _bench_runtimes() -> list[str]:
-    from harness.benchrun import NATIVE
+    from harness.bench.protocol import NATIVE
     from harness.recipes import RECIPES
 
     return ([f"executorch:{r}" for r in RECIPES] + [f"{NATIVE}:{r}" for r in RECIPES]
@@ -110,14 +113,14 @@ def _bench_runtimes() -> list[str]:
 
 @pytest.mark.parametrize("runtime", _bench_runtimes())
 def test_pi5_benchmark(benchmark, runtime, bundle, board_state, bench_bandwidth, bench_failures):
-    from harness.benchrun import IsolatedRunner
-    from harness.benchsuite import (
+    from harness.runtimes.process import isolated
+    from harness.bench.suite import (
         COUNTERPART, Protocol, check_deterministic, child_figures, matching_prefix, run_benchmark, runner_figures,
     )
 
     root, manifest = bundle
     b = manifest["bench"]
-    kind, _, recipe = runtime.partition(":")
+    kind, recipe = RuntimeSpec.parse(runtime)
     if kind == "llama.cpp":
         pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed on this device")
         if recipe not in b["gguf"]:
@@ -130,7 +133,7 @@ def test_pi5_benchmark(benchmark, runtime, bundle, board_state, bench_bandwidth,
     protocol = Protocol(prompts=b["prompts"], new_tokens=b["new_tokens"],
                         threads=int(os.environ.get("HARNESS_BENCH_THREADS", 0) or os.cpu_count() or 1))
     try:
-        runner = IsolatedRunner(runtime, str(artifact), protocol.threads)  # timed alone
+        runner = isolated(RuntimeSpec.parse(runtime).kind, str(artifact), protocol.threads)  # timed alone
     except Exception as e:
         bench_failures[runtime] = f"{type(e).__name__}: {e}"
         pytest.fail(f"{runtime}: could not load: {e}")
@@ -146,7 +149,7 @@ def test_pi5_benchmark(benchmark, runtime, bundle, board_state, bench_bandwidth,
     host = b["host_ids"].get(runtime) or b["host_ids"].get(same_pte)
     if host:  # random weights: near-tie flips between ARM and x86 kernels are expected; recorded, not asserted
         info["host_prefix_tokens"] = sum(matching_prefix(h, s.ids) for h, s in zip(host, passes[0])) / len(host)
-    info.update({k: v for k, v in child_figures(runtime, str(artifact), protocol).items() if k != "sample"})
+    info.update({k: v for k, v in child_figures(runtime, str(artifact), protocol).items() if k != "generation"})
     per_token = b["bytes_per_token"].get(runtime) or b["bytes_per_token"].get(same_pte)
     if per_token:
         roof = bench_bandwidth.read_gb_s * 1e9 / per_token

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FIXTURE_PROMPTS
+from support import FIXTURE_PROMPTS
 
 pytestmark = pytest.mark.mac
 

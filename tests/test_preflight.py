@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from harness import preflight
+from harness.build import preflight
 from harness.errors import HarnessError
-from harness.preflight import (
+from harness.build.preflight import (
     ModelSize, check, checked_pipeline, estimate, measure_in_subprocess, model_size, size_from_loaded,
 )
 
@@ -36,7 +36,7 @@ def test_headers_count_what_the_loaded_fixture_holds(pipeline):
 
 @pytest.mark.mac
 def test_a_config_is_counted_on_the_meta_device(tmp_path):
-    from harness.load import FIXTURE_DIR
+    from harness.models.load import FIXTURE_DIR
 
     cfg = tmp_path / "fixture-config.json"
     cfg.write_text((FIXTURE_DIR / "config.json").read_text())
@@ -52,7 +52,7 @@ def test_a_config_is_counted_on_the_meta_device(tmp_path):
     (lambda b: (10 ** 12).to_bytes(8, "little") + b[8:], "is not a safetensors file"),
 ], ids=["tiny", "header-not-json", "cut-in-half", "absurd-header-length"])
 def test_a_damaged_checkpoint_is_named_before_loading(tmp_path, damage, expected):
-    from harness.load import FIXTURE_DIR
+    from harness.models.load import FIXTURE_DIR
 
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         (tmp_path / name).write_bytes((FIXTURE_DIR / name).read_bytes())
@@ -105,12 +105,12 @@ def test_estimates_grow_with_the_stage_and_the_model():
 # ---- the pipeline hook -----------------------------------------------------------------------------
 @pytest.mark.mac
 def test_the_pipeline_checks_before_loading_and_loads_nothing_when_refused(monkeypatch, tmp_path):
-    import harness.pipeline
+    import harness.build.pipeline
 
     monkeypatch.delenv(preflight.SKIP_ENV, raising=False)
     monkeypatch.setattr(preflight, "available_memory", lambda: 1 << 20)
     monkeypatch.setattr(preflight, "current_rss", lambda: 0)  # as a fresh `harness export` process
-    monkeypatch.setattr(harness.pipeline, "shared_model", lambda spec: pytest.fail("loaded despite refusal"))
+    monkeypatch.setattr(harness.build.pipeline, "shared_model", lambda spec: pytest.fail("loaded despite refusal"))
     pipe = checked_pipeline("fixture", "fp32")
     with pytest.raises(HarnessError, match="not enough memory: fixture .* through lower"):
         pipe.pte_path
@@ -158,7 +158,7 @@ def _cli(*args, env=None):
 
 @pytest.mark.mac
 def test_export_of_a_model_too_big_for_this_machine_is_refused_before_loading(tmp_path):
-    cfg = json.loads((preflight.Path(__file__).resolve().parent.parent / "harness/configs/bench.json").read_text())
+    cfg = json.loads((preflight.Path(__file__).resolve().parent.parent / "harness/models/configs/bench.json").read_text())
     cfg.update(hidden_size=16384, intermediate_size=65536, vocab_size=262144, vocab_size_per_layer_input=262144)
     (tmp_path / "huge.json").write_text(json.dumps(cfg))
     res = _cli("export", "--model", str(tmp_path / "huge.json"), "--recipe", "8da4w", "--out", str(tmp_path / "m.pte"),
@@ -171,7 +171,7 @@ def test_export_of_a_model_too_big_for_this_machine_is_refused_before_loading(tm
 
 @pytest.mark.mac
 def test_doctor_shows_the_estimate_against_memory_and_disk():
-    from test_fuzz import run_cli
+    from support import run_cli
 
     rc, out, err = run_cli(["doctor", "--model", "fixture", "--recipe", "fp32"])
     assert rc == 0 and err == "", err
@@ -203,7 +203,7 @@ def test_estimate_within_25_percent_of_measured_through_lowering(model, recipe):
     model (70.5M parameters), each in a fresh process with an empty cache: minutes each."""
     spec = model
     if model == "bench":
-        from harness.benchmodel import bench_model_dir
+        from harness.models.bench import bench_model_dir
 
         spec = str(bench_model_dir())  # built once in the real cache; the measured process only loads it
     measured = measure_in_subprocess(spec, recipe, "lower")

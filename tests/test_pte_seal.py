@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from harness.errors import HarnessError
-from harness.pte import SEAL, SEAL_LEN, PteRunner, check_seal, seal
+from harness.build.pte import SEAL, SEAL_LEN, check_seal, seal
+from harness.runtimes.executorch import PteRuntime
 
 pytestmark = pytest.mark.mac
 
@@ -24,7 +25,7 @@ def test_a_flipped_weight_byte_is_refused_before_loading(pipeline, tmp_path):
     bad = tmp_path / "flipped.pte"
     bad.write_bytes(bytes(data))
     with pytest.raises(HarnessError, match="is damaged: its content no longer matches the sha256"):
-        PteRunner(bad)
+        PteRuntime(bad)
 
 
 def test_a_damaged_seal_is_refused_and_a_program_without_one_still_loads(pipeline, tmp_path):
@@ -36,7 +37,7 @@ def test_a_damaged_seal_is_refused_and_a_program_without_one_still_loads(pipelin
     plain = tmp_path / "unsealed.pte"  # a program from elsewhere: no seal to check
     plain.write_bytes(data[:-SEAL_LEN])
     assert check_seal(plain) is False
-    PteRunner(plain)
+    PteRuntime(plain)
 
 
 def test_sealing_twice_changes_nothing(pipeline):

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import examples
+from support import examples
 from harness.atomic import write_bytes_atomic
 
 pytestmark = pytest.mark.mac
@@ -65,7 +65,7 @@ FUZZ_CHILD = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     from harness.errors import HarnessError
-    from harness.pte import load_program
+    from harness.build.pte import load_program
     outcomes = []
     for path in sys.argv[1:]:
         try:

@@ -19,8 +19,9 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import RECIPE_NAMES
-from harness.goldens import GOLDEN_PROMPTS, MAX_NEW_TOKENS, check_logit_golden, check_token_golden
+from support import RECIPE_NAMES
+from harness.goldens.checks import check_logit_golden, check_token_golden
+from harness.goldens.store import GOLDEN_PROMPTS, MAX_NEW_TOKENS
 
 pytestmark = pytest.mark.mac
 MOVED_STAGES = ("hf_generate", "eager")
@@ -82,7 +83,7 @@ def test_a_benign_move_passes_every_golden(moved, pipeline):
 
 
 def test_the_gate_calls_a_benign_move_numerics(moved, computed_goldens):
-    from harness.golden_refresh import assess
+    from harness.goldens.refresh import assess
 
     move, runs = moved
     c = dataclasses.replace(computed_goldens, runs={**computed_goldens.runs, **runs})

@@ -1,0 +1,1 @@
+"""The ``harness`` command: argument guards and subcommands."""

@@ -1,0 +1,367 @@
+"""Command line: ``harness`` / ``python -m harness``.
+
+Errors the user can fix print one line on stderr and exit 2; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from harness.errors import HarnessError
+
+DEFAULT_PROMPT = "What is the capital of France?"
+SKIP_HELP = ("run even if the memory pre-flight estimates more than the memory available "
+             "(also HARNESS_SKIP_MEMORY_CHECK=1)")
+
+
+def _progress(msg: str) -> None:
+    print(f"[harness] {msg}", file=sys.stderr, flush=True)
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 1e6:.2f} MB"
+
+
+def cmd_demo(args) -> int:
+    """The main job: load → quantize → export → lower → .pte → generate → verify, on the fixture."""
+    from harness.atomic import check_writable
+    from harness.program import ExportSettings
+    from harness.build.pipeline import StageRecord
+    from harness.build.pte import write_pte
+
+    from harness.cli.guard import check_prompt
+    from harness.build.preflight import checked_pipeline
+
+    check_prompt(args.prompt)
+    if args.out:
+        check_writable(Path(args.out))
+    pipe = checked_pipeline(args.model, args.recipe, ExportSettings(max_context=args.max_context),
+                            progress=_progress, skip=args.skip_memory_check)
+    pipe.loaded
+    pipe.quantized
+    pipe.pt2_path
+    pipe.pte_path
+    gen = pipe.generate(args.prompt, stage="pte", max_new_tokens=args.max_new_tokens)
+    answer = pipe.decode(gen.ids)
+    t0 = time.time()
+    reference = pipe.hf_generate(args.prompt, max_new_tokens=args.max_new_tokens)
+    pipe.records["verify (HF generate, FP32)"] = StageRecord(time.time() - t0, None)
+    print(f"model:   {pipe.loaded.name} ({pipe.loaded.param_count():,} parameters)")
+    print(f"recipe:  {pipe.recipe.name}: {pipe.recipe.description}")
+    print(f"prompt:  {args.prompt}")
+    print(f"answer:  {answer}   (.pte, token ids {gen.ids})")
+    rows = [
+        [stage, f"{rec.seconds:.2f}", _fmt_bytes(rec.bytes), "cache" if rec.cached else ""]
+        for stage, rec in pipe.records.items()
+    ]
+    print()
+    print(_table(rows, ["stage", "seconds", "size", "from"]))
+    ops = pipe.lower_report
+    if ops:
+        print(f"\nXNNPACK delegate calls: {ops['delegated_calls']}; portable ops left: {ops['portable_total']}")
+    print(f".pte: {pipe.pte_path}")
+    if gen.ids != reference:
+        print(
+            f"\nVERIFY FAILED: the .pte said {gen.ids} ({answer!r}); HF generate (FP32) says "
+            f"{reference} ({pipe.decode(reference)!r})",
+            file=sys.stderr,
+        )
+        return 1
+    print("\nverify: the .pte answer equals HF generate (FP32), token for token")
+    if args.out:
+        write_pte(pipe.pte_path.read_bytes(), Path(args.out))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from harness.atomic import check_writable
+    from harness.program import ExportSettings
+    from harness.build.pte import write_pte
+    from harness.recipes import get_recipe
+
+    out = Path(args.out)
+    if out.suffix != ".pte":
+        raise HarnessError(f"--out {out} does not end in .pte", "name the output FILE.pte")
+    check_writable(out)
+    if out.is_dir():
+        raise HarnessError(f"--out {out} is a directory", "name the output FILE.pte")
+    get_recipe(args.recipe)
+    from harness.build.preflight import checked_pipeline, disk_estimate, model_size
+
+    check_writable(out, need_bytes=disk_estimate(model_size(args.model), args.recipe)["pte"])  # before minutes of work
+    pipe = checked_pipeline(args.model, args.recipe, ExportSettings(max_context=args.max_context),
+                            progress=_progress, skip=args.skip_memory_check)
+    write_pte(pipe.pte_path.read_bytes(), out)
+    rows = [[s, f"{r.seconds:.2f}", _fmt_bytes(r.bytes), "cache" if r.cached else ""] for s, r in pipe.records.items()]
+    print(_table(rows, ["stage", "seconds", "size", "from"]))
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from harness.runtimes.base import check_prompt as check_prompt_ids
+    from harness.models.load import FIXTURE_DIR, _load_tokenizer, check_model_dir
+    from harness.pipeline import encode_prompt
+    from harness.runtimes.executorch import PteRuntime
+
+    from harness.cli.guard import check_pte_path
+
+    runner = PteRuntime(check_pte_path(args.pte))
+    tok_dir = FIXTURE_DIR if args.tokenizer == "fixture" else Path(args.tokenizer)
+    if args.tokenizer != "fixture" and not tok_dir.is_dir():
+        check_model_dir(tok_dir)
+    try:
+        tokenizer = _load_tokenizer(tok_dir)
+    except HarnessError:
+        raise
+    except Exception as e:  # a damaged tokenizer.json / tokenizer_config.json
+        raise HarnessError(f"the tokenizer in {tok_dir} could not be loaded ({type(e).__name__}: "
+                           f"{(str(e).splitlines() or [''])[0][:120]})",
+                           "copy the checkpoint's tokenizer files again") from e
+    meta = runner.metadata()
+    eos = meta.get("get_eos_ids", [])
+    eos = set(eos if isinstance(eos, list) else [eos])
+    from harness.cli.guard import check_prompt
+
+    ids = encode_prompt(tokenizer, check_prompt(args.prompt))
+    # the prompt is checked against the program's limits before any runtime sees it
+    check_prompt_ids(ids, args.max_new_tokens, runner.max_context, runner.vocab_size)
+    if args.native:  # the torch-free native runner (harness/runtimes/native.py), a process of its own
+        from harness.runtimes.native import NativeRuntime
+
+        with NativeRuntime(str(args.pte), threads=os.cpu_count() or 1) as child:
+            gen_ids = child.generate(ids, args.max_new_tokens, eos_ids=eos).ids
+    else:
+        gen_ids = runner.generate(ids, args.max_new_tokens, eos_ids=eos).ids
+    print(tokenizer.decode(gen_ids, skip_special_tokens=True))
+    if args.ids:
+        print(gen_ids)
+    return 0
+
+
+def cmd_verify(args) -> int:
+    """Check a .pte against the committed goldens (fixture) or against HF generate (a directory)."""
+    from harness.goldens.checks import check_tokens
+    from harness.goldens.store import GOLDEN_PROMPTS, golden_ids
+    from harness.runtimes.executorch import PteRuntime
+
+    from harness.goldens.provenance import stack_note
+    from harness.build.preflight import checked_pipeline
+
+    from harness.cli.guard import check_pte_path
+
+    runner = PteRuntime(check_pte_path(args.pte))
+    meta = runner.metadata()
+    missing = [m for m in ("get_eos_ids", "get_max_context_len", "get_vocab_size") if m not in meta]
+    if missing:
+        raise HarnessError(f"{args.pte} lacks the runner metadata method(s) {', '.join(missing)}",
+                           "re-export it with: harness export")
+    eos = meta["get_eos_ids"] if isinstance(meta["get_eos_ids"], list) else [meta["get_eos_ids"]]
+    pipe = checked_pipeline(args.model, args.recipe, until="load", skip=args.skip_memory_check)
+    failures = 0
+    prompts = list(GOLDEN_PROMPTS) if args.model == "fixture" else [DEFAULT_PROMPT]
+    label = "golden" if args.model == "fixture" else "HF generate"
+    for prompt in prompts:
+        gen = runner.generate(pipe.prompt_ids(prompt), 9, eos_ids=eos)
+        if args.model == "fixture":
+            from harness.recipes import golden_recipe  # 8da4w-fast is held to 8da4w's goldens
+
+            want = golden_ids(golden_recipe(pipe.recipe.name), "pte", prompt)
+        else:
+            want = pipe.hf_generate(prompt)
+        report = check_tokens(want, gen, pipe.loaded.tokenizer, args.pte)
+        print(f"{'ok  ' if report is None else 'FAIL'} {prompt!r}: {pipe.decode(gen.ids)!r}"
+              + ("" if report is None else f"\n     {report}"))
+        failures += report is not None
+    print(f"{len(prompts) - failures}/{len(prompts)} prompts equal the {label}")
+    if failures and args.model == "fixture" and (note := stack_note()):
+        print(note)
+    return 1 if failures else 0
+
+
+def cmd_doctor(args) -> int:
+    """Library versions, the hidden torchvision dependency, memory and disk, Pi governor/throttling."""
+    import importlib.util
+
+    import psutil
+
+    from harness.versions import library_versions
+
+    for lib, version in library_versions().items():
+        print(f"{lib:13s} {version}")
+    tv = importlib.util.find_spec("torchvision") is not None
+    print(f"{'torchvision':13s} {'present' if tv else 'absent'} (Gemma 4's processor needs it for images; "
+          "the text path here does not)")
+    from harness.cache import cache_root
+    from harness.build.preflight import disk_estimate, estimate, gib, model_size
+
+    mem = psutil.virtual_memory()
+    cache_dir = cache_root()
+    probe = next((p for p in (cache_dir, *cache_dir.parents) if p.exists()), Path.cwd())
+    disk = shutil.disk_usage(probe)
+    try:
+        size = model_size(args.model)
+        est = estimate(size, args.recipe, "lower")
+        files = disk_estimate(size, args.recipe)
+    except HarnessError as e:  # doctor still reports everything else
+        size, problem = None, f"              no estimate for --model {args.model}: {e}"
+    print(f"memory        {mem.available / 2**30:.1f} GiB available of {mem.total / 2**30:.1f} GiB")
+    if size is None:
+        print(problem)
+    else:
+        print(f"              export of {size.name} ({size.params / 1e6:,.1f}M parameters, {args.recipe}): "
+              f"about {gib(est.peak_bytes)} at its peak"
+              + ("" if est.peak_bytes <= mem.available else "  (TOO LITTLE: export would be refused; "
+                 "--skip-memory-check overrides)"))
+    print(f"disk          {disk.free / 2**30:.1f} GiB free in {probe} (artifact cache {cache_dir})")
+    if size is not None:
+        need_disk = files["pt2"] + 2 * files["pte"]  # the cache's .pt2 and .pte, and the copy at --out
+        print(f"              its .pt2 and .pte, and the copy at --out: about {gib(need_disk)}"
+              + ("" if need_disk <= disk.free else "  (TOO LITTLE)"))
+    model_file = Path("/proc/device-tree/model")
+    if model_file.is_file():
+        print(f"board         {model_file.read_text(errors='replace').strip(chr(0))}")
+    gov = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+    if gov.is_file():
+        g = gov.read_text().strip()
+        print(f"governor      {g}" + ("" if g == "performance" else "  (set 'performance' before benchmarking)"))
+    if shutil.which("vcgencmd"):
+        import subprocess
+
+        out = subprocess.run(["vcgencmd", "get_throttled"], capture_output=True, text=True).stdout.strip()
+        print(f"throttling    {out}")
+    return 0
+
+
+def cmd_goldens_diff(args) -> int:
+    """Exit 0: every golden stage says what it said; 1: something changed (one line per change); 2: an error."""
+    from harness.goldens.refresh import diff_main
+
+    return diff_main(progress=_progress)
+
+
+def cmd_goldens_update(args) -> int:
+    """The one way to rewrite goldens: recompute the whole set, write it only through the gate."""
+    from harness.goldens.refresh import update_main
+
+    return update_main(allow=args.allow, progress=_progress)
+
+
+def cmd_bench_report(args) -> int:
+    """A benchmark JSON as a llama-bench-style markdown table (stdout) and a PNG chart."""
+    from harness.bench.report import chart, markdown, read_result
+
+    data = read_result(Path(args.result))
+    print(markdown(data))
+    if not args.no_chart:
+        png = Path(args.png) if args.png else Path(args.result).with_suffix(".png")
+        chart(data, png)
+        print(f"\nchart: {png}")
+    return 0
+
+
+def cmd_bench_bundle(args) -> int:
+    """Everything the Pi 5 tier needs, built here: .pte files, GGUFs, tokenizers, a manifest."""
+    from harness.bench.bundle import build_bundle
+
+    out = build_bundle(Path(args.out), recipes=args.recipe, with_gguf=not args.no_gguf, progress=_progress)
+    print(f"bundle: {out} (copy it to the Pi; see README, 'Benchmarks on a Raspberry Pi 5')")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from harness.cli.guard import OneLineArgumentParser, at_least
+
+    ap = OneLineArgumentParser(prog="harness", description="Gemma 4 → ExecuTorch golden-token harness")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="the main job on the fixture: export → quantize → lower → .pte → generate → verify")
+    d.add_argument("--model", default="fixture", help="fixture, or a local checkpoint directory")
+    d.add_argument("--recipe", default="8da4w")
+    d.add_argument("--prompt", default=DEFAULT_PROMPT)
+    d.add_argument("--max-new-tokens", type=at_least(1), default=9)
+    d.add_argument("--max-context", type=at_least(2), default=128)
+    d.add_argument("--out", help="also copy the .pte here")
+    d.add_argument("--skip-memory-check", action="store_true", help=SKIP_HELP)
+    d.set_defaults(func=cmd_demo)
+
+    e = sub.add_parser("export", help="export, quantize and lower a model to a .pte")
+    e.add_argument("--model", default="fixture", help="fixture, or a local checkpoint directory")
+    e.add_argument("--recipe", default="8da4w")
+    e.add_argument("--out", required=True, help="FILE.pte")
+    e.add_argument("--max-context", type=at_least(2), default=128)
+    e.add_argument("--skip-memory-check", action="store_true", help=SKIP_HELP)
+    e.set_defaults(func=cmd_export)
+
+    g = sub.add_parser("generate", help="greedy generation from a .pte")
+    g.add_argument("--pte", required=True)
+    g.add_argument("--tokenizer", default="fixture", help="fixture, or a directory with tokenizer.json")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-new-tokens", type=at_least(1), default=9)
+    g.add_argument("--ids", action="store_true", help="also print the generated token ids")
+    g.add_argument("--native", action="store_true",
+                   help="run the .pte through the native runner (ExecuTorch's C++ runtime, no Python, no libtorch)")
+    g.set_defaults(func=cmd_generate)
+
+    v = sub.add_parser("verify", help="check a .pte against the goldens")
+    v.add_argument("--pte", required=True)
+    v.add_argument("--model", default="fixture", help="fixture, or a local checkpoint directory")
+    v.add_argument("--recipe", default="8da4w")
+    v.add_argument("--skip-memory-check", action="store_true", help=SKIP_HELP)
+    v.set_defaults(func=cmd_verify)
+
+    doc = sub.add_parser("doctor", help="versions, hidden dependencies, memory, disk, governor, throttling")
+    doc.add_argument("--model", default="fixture", help="the model whose memory and disk needs to show")
+    doc.add_argument("--recipe", default="8da4w")
+    doc.set_defaults(func=cmd_doctor)
+
+    gd = sub.add_parser("goldens", help="goldens: diff against the committed ones, or update them through the gate")
+    gsub = gd.add_subparsers(dest="goldens_command", required=True)
+    gdd = gsub.add_parser("diff", help="rerun every golden stage and show what changed, and the provenance "
+                                       "(exit 0: nothing changed, 1: something did, 2: an error)")
+    gdd.set_defaults(func=cmd_goldens_diff)
+    gdu = gsub.add_parser("update", help="recompute every golden and rewrite them all, only if every change is "
+                                         "numerics (near-ties, logits within bounds, llama.cpp agreeing)")
+    gdu.add_argument("--allow", metavar="REASON",
+                     help="write even what the gate blocks; the reason, what was blocked, the date and both "
+                          "stacks are appended to provenance.json")
+    gdu.set_defaults(func=cmd_goldens_update)
+
+    b = sub.add_parser("bench", help="benchmarks: report a result, build the Pi 5 bundle")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    br = bsub.add_parser("report", help="RESULT.json (pytest --benchmark-json) as a markdown table and a PNG chart")
+    br.add_argument("result", metavar="RESULT.json")
+    br.add_argument("--png", help="chart path (default: RESULT.png beside the JSON)")
+    br.add_argument("--no-chart", action="store_true", help="print the table only")
+    br.set_defaults(func=cmd_bench_report)
+    bb = bsub.add_parser("bundle", help="build the Pi 5 bundle: .pte files, GGUFs, tokenizers, manifest")
+    bb.add_argument("out", metavar="DIR")
+    bb.add_argument("--recipe", action="append", help="recipes to bundle (default: all)")
+    bb.add_argument("--no-gguf", action="store_true", help="skip the llama.cpp GGUFs")
+    bb.set_defaults(func=cmd_bench_bundle)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from harness.cli.guard import run_main
+
+    # one line on stderr for any failure (harness/cli/guard.py); --debug shows the traceback
+    return run_main(build_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""The native runner for the Pi 5 (aarch64, Cortex-A76), cross-compiled here, and its emulation.
+
+The aarch64 executorch wheel ships the same C++ runtime libraries as the x86_64 one (in
+``executorch/lib``; the include trees are identical), none linking libtorch or libpython, all
+needing at most glibc 2.27. So the native runner's sources (harness/runtimes/cpp) cross-compile
+unchanged with Debian's ``aarch64-linux-gnu-g++`` against those libraries, with the host wheel's
+headers. The result is a directory: ``et_native`` and ``lib/`` beside it (rpath ``$ORIGIN/lib``),
+which runs on the device as it is, or here under qemu-user:
+
+    qemu-aarch64-static -L /usr/aarch64-linux-gnu -cpu cortex-a76 DIR/et_native PTE THREADS ...
+
+On ``cortex-a76`` (the Pi 5's features: asimd, fp16, rdm, dotprod; no i8mm, SVE or SME) XNNPACK
+picks its ``sdot`` kernels (KleidiAI's ``*_neon_dotprod``), as on the device; ``cortex-a72`` takes the
+NEON path without dot-product. Rates measured under emulation say nothing about the device.
+
+The wheel is fetched once from PyPI (``pip download``) into the artifact cache and checked against
+its pinned sha256; ``HARNESS_AARCH64_WHEEL=FILE`` names a copy instead (offline).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from harness.errors import HarnessError
+
+WHEEL_VERSION = "1.5.1"  # the executorch the harness pins
+WHEEL_NAME = f"executorch-{WHEEL_VERSION}-cp311-cp311-manylinux_2_28_aarch64.whl"
+WHEEL_SHA256 = "8ee02348a3ea80ddf770822911ebf78da616b73afce0fbaaa79f23311c88c66a"  # PyPI, 17,810,491 bytes
+WHEEL_ENV = "HARNESS_AARCH64_WHEEL"
+CROSS_CXX = "aarch64-linux-gnu-g++"
+QEMU = ("qemu-aarch64-static", "qemu-aarch64")
+SYSROOT = Path("/usr/aarch64-linux-gnu")  # Debian's aarch64 glibc (libc6-arm64-cross), for qemu's -L
+EM_AARCH64 = 183
+APT = "apt-get install g++-aarch64-linux-gnu qemu-user-static"
+
+
+def cross_compiler() -> str:
+    cxx = os.environ.get("HARNESS_CROSS_CXX") or shutil.which(CROSS_CXX)
+    if not cxx:
+        raise HarnessError(f"no aarch64 cross compiler ({CROSS_CXX}) on PATH", f"install it: {APT}")
+    return cxx
+
+
+def qemu(name: str | None = None) -> str:
+    """qemu-user for aarch64: ``name`` (a path or a program on PATH), else the first of QEMU found."""
+    for candidate in ([name] if name else QEMU):
+        found = shutil.which(candidate)
+        if found:
+            return found
+    raise HarnessError(f"no qemu-user for aarch64 ({name or ' or '.join(QEMU)}) found", f"install it: {APT}")
+
+
+def emulator(cpu: str, qemu_name: str | None = None) -> list[str]:
+    """The command prefix that runs an aarch64 binary here as ``cpu`` (binfmt is not assumed)."""
+    if not SYSROOT.is_dir():
+        raise HarnessError(f"no aarch64 C library at {SYSROOT}", f"install it: {APT}")
+    return [qemu(qemu_name), "-L", str(SYSROOT), "-cpu", cpu]
+
+
+def wheel() -> Path:
+    """The aarch64 executorch wheel, checked against its pinned sha256."""
+    from harness.cache import ArtifactCache, sha256_file
+
+    given = os.environ.get(WHEEL_ENV)
+    if given:
+        path = Path(given)
+        if not path.is_file() or sha256_file(path) != WHEEL_SHA256:
+            raise HarnessError(f"{WHEEL_ENV}={given} is not {WHEEL_NAME} (missing, or its sha256 differs)",
+                               f"download it: pip download --platform manylinux_2_28_aarch64 --python-version 3.11 "
+                               f"--only-binary=:all: --no-deps executorch=={WHEEL_VERSION}")
+        return path
+
+    def fetch(path: Path) -> dict:
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+               "--platform", "manylinux_2_28_aarch64", "--python-version", "3.11",
+               f"executorch=={WHEEL_VERSION}", "-d", str(path.parent)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        got = path.parent / WHEEL_NAME
+        if out.returncode != 0 or not got.is_file():
+            last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            raise HarnessError(f"could not download {WHEEL_NAME} ({last.strip()[:160]})",
+                               f"download it elsewhere and set {WHEEL_ENV}=FILE")
+        if sha256_file(got) != WHEEL_SHA256:
+            raise HarnessError(f"the downloaded {WHEEL_NAME} does not match its pinned sha256",
+                               "PyPI served other bytes: check the index, or set HARNESS_AARCH64_WHEEL")
+        got.replace(path)
+        return {"source": "pip download", "sha256": WHEEL_SHA256}
+
+    return ArtifactCache().get_or_build("wheel-aarch64", WHEEL_SHA256[:16], WHEEL_NAME, fetch)
+
+
+def runtime_libraries(whl: Path, out: Path) -> list[str]:
+    """Extract the wheel's C++ runtime (``executorch/lib/*.so*``) into ``out``; their names."""
+    out.mkdir(parents=True, exist_ok=True)
+    names = []
+    with zipfile.ZipFile(whl) as z:
+        for info in z.infolist():
+            parts = info.filename.split("/")
+            if len(parts) == 3 and parts[:2] == ["executorch", "lib"] and ".so" in parts[2]:
+                (out / parts[2]).write_bytes(z.read(info))
+                names.append(parts[2])
+    if not any(n.startswith("libexecutorch.so") for n in names):
+        raise HarnessError(f"{whl} has no executorch/lib/libexecutorch.so", "check the wheel (executorch 1.5.1 ships it)")
+    return sorted(names)
+
+
+def build_key() -> str:
+    import hashlib
+
+    from harness.cache import cache_key
+    from harness.runtimes.native import SOURCES, _compiler_version, compile_command, source_dir
+
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update((source_dir() / name).read_bytes())
+    cxx = cross_compiler()
+    return cache_key("native-aarch64", sources=h.hexdigest(), wheel=WHEEL_SHA256,
+                     command=compile_command(Path("OUT"), cxx, lib=Path("LIB"), rpath="$ORIGIN/lib"),
+                     compiler=_compiler_version(cxx))
+
+
+def aarch64_runner() -> Path:
+    """``et_native`` for aarch64 with its libraries in ``lib/`` beside it (from the artifact cache
+    when its key matches): copy the directory to the device as it is."""
+    from harness.cache import ArtifactCache, sha256_file
+    from harness.runtimes.native import compile_command
+
+    def build(path: Path) -> dict:
+        libs = runtime_libraries(wheel(), path.parent / "lib")
+        cmd = compile_command(path, cross_compiler(), lib=path.parent / "lib", rpath="$ORIGIN/lib")
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            first = next((l for l in out.stderr.splitlines() if "error" in l), out.stderr.strip()[-300:])
+            raise HarnessError(f"cross-compiling the native runner failed ({first.strip()})",
+                               "run by hand to see all: " + " ".join(cmd))
+        check_aarch64(path)
+        libs = prune_to_needed(path, path.parent / "lib", libs)
+        try:  # it must start: its libraries resolve, its kernels register, it says its usage (exit 2)
+            verify_command = [*emulator("cortex-a76"), str(path)]
+        except HarnessError:
+            verify_command = None  # no qemu here: checked where it runs
+        if verify_command:
+            run = subprocess.run(verify_command, capture_output=True, text=True, timeout=120)
+            if run.returncode != 2 or "usage: et_native" not in run.stderr:
+                raise HarnessError(f"the aarch64 runner does not start under qemu (exit {run.returncode}: "
+                                   f"{(run.stderr.strip().splitlines() or ['no output'])[-1]})",
+                                   "run by hand: " + " ".join(verify_command))
+        return {"command": cmd, "libraries": {n: sha256_file(path.parent / "lib" / n) for n in libs}}
+
+    path = ArtifactCache().get_or_build("native-aarch64", build_key(), "et_native", build)
+    check_libraries(path)
+    return path
+
+
+def prune_to_needed(runner: Path, lib: Path, names: list[str]) -> list[str]:
+    """Keep only the libraries the runner loads, directly or through another (the wheel also
+    ships e.g. an OpenVINO backend nobody here links)."""
+    keep, todo = set(), [runner]
+    while todo:
+        for name in needed_libraries(todo.pop()):
+            if name in names and name not in keep:
+                keep.add(name)
+                todo.append(lib / name)
+    for name in set(names) - keep:
+        (lib / name).unlink()
+    return sorted(keep)
+
+
+def check_libraries(runner: Path) -> None:
+    """The libraries beside a cached runner still match the hashes recorded when it was built."""
+    import json
+
+    from harness.cache import sha256_file
+
+    meta = json.loads((runner.parent / "meta.json").read_text())
+    bad = [n for n, digest in meta.get("libraries", {}).items()
+           if not (runner.parent / "lib" / n).is_file() or sha256_file(runner.parent / "lib" / n) != digest]
+    if bad:
+        shutil.rmtree(runner.parent, ignore_errors=True)
+        raise HarnessError(f"the aarch64 runner's libraries are damaged ({', '.join(bad)}); the entry was removed",
+                           "run again to rebuild it")
+
+
+def elf_machine(path: Path) -> int:
+    head = Path(path).read_bytes()[:20]
+    if head[:4] != b"\x7fELF":
+        raise HarnessError(f"{path} is not an ELF file", "build it again")
+    return int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
+
+
+def check_aarch64(path: Path) -> None:
+    if elf_machine(path) != EM_AARCH64:
+        raise HarnessError(f"{path} is not an aarch64 program (ELF machine {elf_machine(path)})",
+                           f"cross-compile it with {CROSS_CXX}")
+
+
+def needed_libraries(path: Path) -> list[str]:
+    """The DT_NEEDED entries of an ELF file of any architecture (``readelf -d``)."""
+    out = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise HarnessError(f"readelf could not read {path} ({out.stderr.strip()[:120]})", "install binutils")
+    return [line.split("[", 1)[1].split("]", 1)[0] for line in out.stdout.splitlines() if "(NEEDED)" in line]

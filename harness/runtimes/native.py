@@ -1,0 +1,167 @@
+"""Build ExecuTorch's torch-free native runner (``harness/runtimes/cpp/et_native.cpp``): a C++ program
+that runs a ``.pte`` the way a device application does, with no Python and no libtorch.
+
+Why: the executorch wheel's Python runtime (``_C.so``) links libtorch_cpu, about 350 MB of
+resident memory before any model loads, so a peak-RSS comparison with llama.cpp measured through
+it compares libtorch, not the runtimes. The wheel also ships the C++ runtime on its own
+(``executorch/lib``: libexecutorch, the XNNPACK delegate, the optimized and quantized kernels,
+the thread pool, with headers under ``executorch/include``); none of these link torch. The one
+piece it ships only inside a torch-linked library is the LLM custom ops' runtime kernels
+(``libcustom_ops_aot_lib.so``), so ``harness/runtimes/cpp/llama_kernels.cpp`` registers its own
+``llama::custom_sdpa.out``, ``update_cache.out`` and ``update_cache_with_indices.out``.
+
+The binary is built once per source, compiler and executorch install, into the artifact cache
+(atomic, then run once to check that its libraries resolve and its kernels register).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from harness.errors import HarnessError
+from harness.runtimes.base import Generation, Runtime, check_prompt, register
+
+SOURCES = ("et_native.cpp", "llama_kernels.cpp")
+# registration-only libraries first, kept by --no-as-needed: nothing references them by symbol
+LIBRARIES = ("executorch_kernels_quantized", "executorch_kernels_optimized", "executorch_backend_xnnpack",
+             "executorch_threadpool", "executorch")
+FLAGS = ("-std=c++17", "-O3", "-DC10_USING_CUSTOM_GENERATED_MACROS", "-DET_EVENT_TRACER_ENABLED",
+         "-DET_USE_THREADPOOL")
+
+
+def source_dir() -> Path:
+    return Path(__file__).resolve().parent / "cpp"
+
+
+def executorch_root() -> Path:
+    """The installed executorch package (its ``include/`` and ``lib/``)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("executorch")
+    if spec is None or not spec.submodule_search_locations:
+        raise HarnessError("executorch is not installed", "pip install -e '.[dev]'")
+    root = Path(list(spec.submodule_search_locations)[0])
+    missing = [p for p in ("include/executorch/runtime", "lib/libexecutorch.so",
+                           "lib/libexecutorch_backend_xnnpack.so") if not (root / p).exists()]
+    if missing:
+        raise HarnessError(f"the executorch package at {root} ships no C++ runtime ({', '.join(missing)} missing)",
+                           "install an executorch wheel that carries executorch/lib and executorch/include "
+                           "(1.5.1 does), or build ExecuTorch from source")
+    return root
+
+
+def compiler() -> str:
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        raise HarnessError("no C++ compiler found (c++, g++, clang++ or $CXX)",
+                           "install one (apt install g++) to build the native runner")
+    return cxx
+
+
+def compile_command(out: Path, cxx: str | None = None, root: Path | None = None, lib: Path | None = None,
+                    rpath: str | None = None) -> list[str]:
+    """Headers from the installed wheel (``root``); libraries from its ``lib/`` unless ``lib`` names
+    others (the aarch64 wheel's: harness/runtimes/arm.py), found at run time through ``rpath``."""
+    root = root or executorch_root()
+    lib = lib or root / "lib"
+    return [cxx or compiler(), *FLAGS, f"-I{root / 'include'}",
+            f"-I{root / 'include/executorch/runtime/core/portable_type/c10'}",
+            *[str(source_dir() / s) for s in SOURCES], "-o", str(out), f"-L{lib}", "-Wl,--no-as-needed",
+            *[f"-l{name}" for name in LIBRARIES], "-Wl,--as-needed", f"-Wl,-rpath,{rpath or lib}", "-lpthread"]
+
+
+def _compiler_version(cxx: str) -> str:
+    try:
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def build_key() -> str:
+    from harness.cache import cache_key
+
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update((source_dir() / name).read_bytes())
+    cxx = compiler()
+    return cache_key("native", sources=h.hexdigest(), command=compile_command(Path("OUT"), cxx),
+                     compiler=_compiler_version(cxx))
+
+
+def verify_binary(path: Path) -> None:
+    """Run it without arguments: its libraries must resolve, its kernels register, and it must
+    answer with its usage line (exit 2)."""
+    out = subprocess.run([str(path)], capture_output=True, text=True, timeout=60)
+    if out.returncode != 2 or "usage: et_native" not in out.stderr:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise HarnessError(f"the native runner {path} does not start (exit {out.returncode}: {last})",
+                           "check that executorch's lib/ is intact (pip install --force-reinstall executorch)")
+
+
+def native_runner() -> Path:
+    """The built binary (from the artifact cache when its key matches)."""
+    from harness.cache import ArtifactCache
+
+    def build(path: Path) -> dict:
+        cmd = compile_command(path)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            first = next((l for l in out.stderr.splitlines() if "error" in l), out.stderr.strip()[-300:])
+            raise HarnessError(f"building the native runner failed ({first.strip()})",
+                               "run by hand to see all: " + " ".join(cmd))
+        verify_binary(path)
+        return {"command": cmd}
+
+    return ArtifactCache().get_or_build("native", build_key(), "et_native", build)
+
+
+def linked_libraries(path: Path) -> list[str]:
+    """The shared libraries the dynamic linker resolves for ``path`` (``ldd``)."""
+    out = subprocess.run(["ldd", str(path)], capture_output=True, text=True, timeout=60)
+    return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+
+
+def native_command(artifact, threads: int, args: list[str], runner: list[str] | None = None) -> list[str]:
+    """``runner``: how to start the program (default: this host's build); e.g. the aarch64 build
+    behind qemu's prefix (harness/runtimes/arm.py)."""
+    return [*(runner or [str(native_runner())]), str(artifact), str(threads), *args]
+
+
+@register
+class NativeRuntime(Runtime):
+    """The ``.pte`` through the native runner, a program of its own driven over its stdin/stdout
+    (``--serve``): it owns its greedy loop (C++) and times it; it runs a fixed number of tokens,
+    cut here after the first EOS."""
+
+    kind = "executorch-native"
+    owns_loop = True
+
+    def __init__(self, artifact, threads: int | None = None, timeout: float = 900, runner: list[str] | None = None):
+        from harness.runtimes.child import LineProcess
+
+        self.artifact, self.threads = artifact, int(threads or os.cpu_count() or 1)
+        self._child = LineProcess(native_command(artifact, self.threads, ["--serve"], runner),
+                                  f"{self.kind} on {artifact}", timeout)
+        self.pid = self._child.pid
+        self.load_s = self._child.hello["load_s"]
+
+    @property
+    def returncode(self):
+        return self._child.returncode
+
+    def generate(self, prompt_ids, max_new_tokens: int, eos_ids=frozenset(), keep_prefill_logits: bool = False,
+                 keep_logits: bool = False) -> Generation:
+        if keep_prefill_logits or keep_logits:
+            raise HarnessError("the native runner returns ids and timings, not logits",
+                               "use native_logits() for a prompt's logits")
+        ids = check_prompt(prompt_ids, max_new_tokens, None, None)
+        s = self._child.ask({"prompt": ids, "new_tokens": int(max_new_tokens)})["sample"]
+        gen = Generation(prompt_ids=ids, ids=list(s["ids"]), ttft_s=s["ttft_s"], decode_s=s["decode_s"])
+        return gen.cut_at_eos(frozenset(int(e) for e in eos_ids)) if eos_ids else gen
+
+    def close(self) -> None:
+        self._child.close()

@@ -1,0 +1,87 @@
+"""The PyTorch runtimes: ``eager`` (the module that gets exported, run eagerly: transformers'
+exportable wrapper, or the fast recipe's decoder) and ``exported`` (the ``torch.export`` program,
+as reloaded from its verified ``.pt2``). Both take the program contract's inputs and give
+``logits[1, s, V]`` float tensors."""
+
+from __future__ import annotations
+
+import time
+
+from harness.runtimes.base import Runtime, register
+
+
+def as_long(x):
+    import torch
+
+    return x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=torch.long)
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+@register
+class EagerRuntime(Runtime):
+    """``artifact``: a model spec (``fixture``, ``bench``, ...) loaded in FP32, or a model object
+    (a recipe's quantized model); ``export``: the recipe's export path (``hf`` or ``fast``)."""
+
+    kind = "eager"
+
+    def __init__(self, artifact, threads: int | None = None, settings=None, export: str = "hf"):
+        from harness.build.export import make_wrapper
+        from harness.program import ExportSettings
+
+        _set_threads(threads)
+        t0 = time.perf_counter()
+        if isinstance(artifact, str):
+            from harness.models.spec import load_model
+
+            model = load_model(artifact).model
+        else:
+            model = artifact
+        self.artifact, self.settings = artifact, settings or ExportSettings()
+        self.wrapper = make_wrapper(model, self.settings, export)
+        self.max_context, self.vocab_size = self.settings.max_context, int(model.config.vocab_size)
+        self.load_s = time.perf_counter() - t0
+
+    def step(self, ids, positions):
+        import torch
+
+        with torch.no_grad():
+            return self.wrapper(input_ids=as_long([ids] if isinstance(ids, list) else ids),
+                                cache_position=as_long(positions))
+
+
+@register
+class ExportedRuntime(Runtime):
+    """``artifact``: an ExportedProgram, or the path of a ``.pt2`` (the fast recipe's custom ops are
+    registered first)."""
+
+    kind = "exported"
+
+    def __init__(self, artifact, threads: int | None = None, settings=None):
+        from harness.program import ExportSettings
+
+        _set_threads(threads)
+        t0 = time.perf_counter()
+        program = artifact
+        if not hasattr(artifact, "module"):
+            from harness.build.pt2 import load_pt2
+            from harness.oplib import load_custom_ops_for_export
+
+            load_custom_ops_for_export()
+            program = load_pt2(artifact)
+        self.artifact, self.module = artifact, program.module()
+        self.settings = settings or ExportSettings()
+        self.max_context = self.settings.max_context
+        self.load_s = time.perf_counter() - t0
+
+    def step(self, ids, positions):
+        import torch
+
+        with torch.no_grad():
+            return self.module(input_ids=as_long([ids] if isinstance(ids, list) else ids),
+                               cache_position=as_long(positions))

@@ -1,0 +1,44 @@
+"""What the tests share, imported as ``support`` (pytest.ini puts tests/ on the path): the
+hypothesis profile's example scale, the golden prompts and recipes, the fixture's corpus, the
+in-process CLI runner, and the bench tier's session state. Probes and reference loops that only
+tests use live beside it (``support.attention_probe``, ``support.hf_loop``)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+
+from harness.goldens.store import GOLDEN_PROMPTS
+from harness.models.load import FIXTURE_DIR  # noqa: F401  (re-exported for the tests)
+from harness.recipes import GOLDEN_RECIPES
+from harness.training.fixture import read_corpus
+
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
+# Tests size their example counts for the ci profile; dev runs 4x more, debug a quarter.
+EXAMPLE_SCALE = {"ci": 1.0, "dev": 4.0, "debug": 0.25}.get(PROFILE, 1.0)
+FIXTURE_PROMPTS = list(GOLDEN_PROMPTS)
+RECIPE_NAMES = list(GOLDEN_RECIPES)  # recipes with goldens of their own
+# the bench tiers' session state: runtimes that failed to build, bandwidth, idle power, throttling
+BENCH_STATE: dict = {"failures": {}}
+
+
+def examples(n: int) -> int:
+    return max(1, int(n * EXAMPLE_SCALE))
+
+
+def corpus() -> list[dict]:
+    return read_corpus()
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    """``harness.cli.main.main(argv)`` in this process: (exit code, stdout, stderr)."""
+    from harness.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as e:  # argparse: usage errors and --help
+            rc = e.code if isinstance(e.code, int) else 1
+    return rc, out.getvalue(), err.getvalue()
