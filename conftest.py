@@ -7,23 +7,20 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
 
-settings.register_profile(
-    "ci", derandomize=True, database=None, deadline=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-settings.register_profile(
-    "dev", deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-settings.register_profile(
-    "debug", deadline=None, verbosity=3, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-from support import BENCH_STATE, PROFILE, RECIPE_NAMES, corpus  # noqa: E402  (tests/support)
+from support import BENCH_STATE, PROFILE, RECIPE_NAMES, corpus  # (tests/support)
 
-settings.load_profile(PROFILE)
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # the Pi 5 runs the pi5 tier with pytest and pytest-benchmark only
+    settings = None
+if settings is not None:
+    quiet = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+    settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True,
+                              suppress_health_check=quiet)
+    settings.register_profile("dev", deadline=None, suppress_health_check=quiet)
+    settings.register_profile("debug", deadline=None, verbosity=3, print_blob=True, suppress_health_check=quiet)
+    settings.load_profile(PROFILE)
 
 
 @pytest.fixture(scope="session")
@@ -117,6 +114,11 @@ def pytest_addoption(parser, pluginmanager):
                     help="run the pi5 tier on a machine that is not a Raspberry Pi 5 (a dry run)")
     group.addoption("--pi5-bundle", default=os.environ.get("HARNESS_PI5_BUNDLE"),
                     help="the bundle built by `harness bench bundle DIR` (default $HARNESS_PI5_BUNDLE)")
+    group.addoption("--pi5-emulate", metavar="CPU",
+                    help="run the bundle's aarch64 runner under qemu-user as CPU (e.g. cortex-a76) on this host: "
+                         "a dry run of the whole pi5 tier; every rate is marked emulated")
+    group.addoption("--pi5-qemu", metavar="QEMU",
+                    help="the qemu-user program for --pi5-emulate (default: qemu-aarch64-static or qemu-aarch64 on PATH)")
     group.addoption("--power-meter-cmd", default=os.environ.get("HARNESS_POWER_METER_CMD"),
                     help="a shell command that prints the board's draw in watts (external meter); "
                          "default on a Pi 5: its PMIC through vcgencmd pmic_read_adc")
@@ -133,7 +135,8 @@ def bench_bandwidth():
     from harness.bench.roofline import read_bandwidth
 
     threads = int(os.environ.get("HARNESS_BENCH_THREADS", 0) or os.cpu_count() or 1)
-    BENCH_STATE["bandwidth"] = bw = read_bandwidth(threads)
+    # the pi5 tier on the device: the bundle's native runner has a read loop too (no numpy there)
+    BENCH_STATE["bandwidth"] = bw = read_bandwidth(threads, runner=BENCH_STATE.get("runner_command"))
     return bw
 
 
@@ -156,6 +159,9 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
         "idle_w": state.get("idle_w"),
         "libraries": library_versions(),
         "failures": state["failures"],
+        # a rate measured under qemu is the emulator's, never the board's
+        "emulated": f"qemu {state['emulated']}" if state.get("emulated") else None,
+        "bundle": state.get("bundle"),
     }
 
 

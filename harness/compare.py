@@ -14,21 +14,47 @@ from __future__ import annotations
 def _excess(name: str, reference, got):
     """(worst |diff|, |mean diff|, flat index of the worst, reference value, got value, vocab) for
     two tensors, observed under ``name``; None when within the tolerance."""
-    import torch
-
     from harness.tolerances import observe, tolerance
 
     tol = tolerance(name)
-    a, b = torch.as_tensor(reference).float(), torch.as_tensor(got).float()
-    if a.shape != b.shape:
-        return "shape", tuple(a.shape), tuple(b.shape)
-    d = b - a
-    worst, bias = float(d.abs().max()), abs(float(d.mean()))
+    try:
+        import torch
+    except ImportError:  # the device's pi5 tier: nested lists, no torch
+        torch = None
+    if torch is not None:
+        a, b = torch.as_tensor(reference).float(), torch.as_tensor(got).float()
+        if a.shape != b.shape:
+            return "shape", tuple(a.shape), tuple(b.shape)
+        d = b - a
+        worst, bias = float(d.abs().max()), abs(float(d.mean()))
+        flat_a, flat_b, vocab = a.flatten(), b.flatten(), int(a.shape[-1])
+        worst_at = lambda: int(d.abs().flatten().argmax())  # noqa: E731
+    else:
+        (sa, flat_a), (sb, flat_b) = _flat(reference), _flat(got)
+        if sa != sb:
+            return "shape", sa, sb
+        d = [y - x for x, y in zip(flat_a, flat_b)]
+        worst = max((abs(v) for v in d), default=0.0)
+        worst = float("nan") if any(v != v for v in d) else worst
+        bias, vocab = abs(sum(d) / max(len(d), 1)), sa[-1]
+        worst_at = lambda: max(range(len(d)), key=lambda k: abs(d[k]) if d[k] == d[k] else float("inf"))  # noqa: E731
     observe(name, worst, bias if tol.mean is not None else None)
     if worst > tol.atol or (tol.mean is not None and bias > tol.mean) or worst != worst:
-        i = int(d.abs().flatten().argmax())
-        return worst, bias, i, float(a.flatten()[i]), float(b.flatten()[i]), int(a.shape[-1])
+        i = worst_at()
+        return worst, bias, i, float(flat_a[i]), float(flat_b[i]), vocab
     return None
+
+
+def _flat(x) -> tuple[tuple[int, ...], list[float]]:
+    """A nested list's shape and its values in row-major order."""
+    shape, level = [], x
+    while isinstance(level, (list, tuple)):
+        shape.append(len(level))
+        level = level[0] if level else None
+    flat = x
+    for _ in shape[1:]:
+        flat = [v for row in flat for v in row]
+    return tuple(shape), [float(v) for v in flat]
 
 
 def _say(name: str, ref_label: str, got_label: str, where: str, found) -> str:

@@ -10,31 +10,16 @@ Where the cross compiler or qemu is missing these tests skip with the reason, an
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
 
-from support import FIXTURE_PROMPTS
+from support import FIXTURE_PROMPTS, require_arm_tools
 from harness.compare import compare_tensors
-from harness.errors import HarnessError
 
 pytestmark = pytest.mark.mac
 RECIPES = ("fp32", "8da4w", "8da4w-fast")
 CPUS = ("cortex-a76", "cortex-a72")
-
-
-def require_arm_tools(cpu: str = "cortex-a76") -> list[str]:
-    """qemu's prefix for ``cpu``, after checking the cross compiler is there too."""
-    from harness.runtimes.arm import cross_compiler, emulator
-
-    try:
-        cross_compiler()
-        return emulator(cpu)
-    except HarnessError as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"{e}: CI must run the aarch64 checks (.ci/run installs the tools)")
-        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="module")

@@ -267,3 +267,35 @@ def test_harness_generate_native_refuses_a_long_request_with_one_line(pipeline):
         assert out.returncode == 2 and len(lines) == 1 and "exceed the exported maximum context of 128" in lines[0], \
             out.stderr
     assert outs[0].stderr == outs[1].stderr
+
+
+def test_the_runner_measures_read_bandwidth_for_a_device_without_numpy(binary):
+    """The pi5 tier's roofline on a device with only pytest: the runner's own read loop. It must
+    give a figure within a factor of numpy's loop on the same machine (the two read the same
+    bytes; the ratio is measured in one run), refuse a nonsense size in one line, and be taken
+    by read_bandwidth when numpy is absent."""
+    import builtins
+
+    from harness.bench.roofline import read_bandwidth
+
+    native = run(binary, "-", "--bandwidth", 256)
+    assert native["read_gb_s"] > 0 and native["buffer_mb"] == 256
+    with_numpy = read_bandwidth(2, buffer_mb=256, repeats=3)
+    assert 0.25 < native["read_gb_s"] / with_numpy.read_gb_s < 4, (native, with_numpy)
+    bad = run(binary, "-", "--bandwidth", 0, check=False)
+    assert bad.returncode != 0 and "MB" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    real_import = builtins.__import__
+
+    def no_numpy(name, *args, **kwargs):
+        if name.split(".")[0] == "numpy":
+            raise ImportError("numpy is not installed here")
+        return real_import(name, *args, **kwargs)
+
+    builtins.__import__ = no_numpy
+    try:
+        bw = read_bandwidth(2, buffer_mb=256, runner=[str(binary)])
+        with pytest.raises(ImportError, match="no read loop"):
+            read_bandwidth(2, buffer_mb=256)
+    finally:
+        builtins.__import__ = real_import
+    assert bw.kernel.startswith("native runner") and bw.read_gb_s > 0

@@ -1,10 +1,15 @@
 """Pi 5 tier: the goldens and the benchmark protocol on the device, from a bundle built on a
-workstation (``harness bench bundle DIR``). Needs only ExecuTorch's runtime, pytest and
-pytest-benchmark (and llama-cpp-python for llama.cpp's side); no transformers.
+workstation (``harness bench bundle DIR``). On the device it needs Python with pytest and
+pytest-benchmark and nothing else: the bundle's own native runner runs every ``.pte`` (no torch, no
+executorch, no transformers). The rows that need executorch's Python runtime, its C++ LLM runner
+or llama-cpp-python skip with the reason where those are not installed.
 
-    HARNESS_PI5_BUNDLE=~/bundle pytest -m pi5 --benchmark-json pi5.json && harness bench report pi5.json
+    pytest -m pi5 tests/test_pi5.py --pi5-bundle ~/bundle --benchmark-json pi5.json
 
-Elsewhere these tests skip with the reason; ``--pi5-force`` runs them anyway as a dry run.
+Elsewhere these tests skip with the reason; ``--pi5-force`` runs them anyway as a dry run, and
+``--pi5-emulate cortex-a76`` runs the bundle's aarch64 runner under qemu-user on an x86 host: the
+goldens exactly, the logits against the host's within ``arm_vs_x86/RECIPE``, and the benchmark
+protocol on the fixture, every rate marked emulated (never a Pi figure).
 """
 
 from __future__ import annotations
@@ -16,15 +21,18 @@ from pathlib import Path
 
 import pytest
 
+from harness.bench import device
 from harness.runtimes.base import RuntimeSpec
 
-from harness.bench import device
-
 pytestmark = pytest.mark.pi5
+RECIPES = ("fp32", "8da4w", "8da4w-fast")
+EMULATED_NEW_TOKENS = 16  # the fixture under qemu: 10-30 ms a token
 
 
 @pytest.fixture(scope="module")
 def bundle(request):
+    from support import BENCH_STATE
+
     if not (device.is_pi5() or request.config.getoption("--pi5-force")):
         board = device.board_model() or "no /proc/device-tree/model"
         pytest.skip(f"not a Raspberry Pi 5 ({board}); run on the Pi, or pass --pi5-force for a dry run")
@@ -35,20 +43,130 @@ def bundle(request):
     from harness.bench.bundle import read_manifest
 
     manifest = read_manifest(Path(where))
+    BENCH_STATE["bundle"] = {"runner": {k: manifest["runner"].get(k) for k in ("arch", "sha256", "compiler", "linked")},
+                             "checked": manifest.get("checked"), "created": manifest.get("created")}
     return Path(where), manifest
 
 
 @pytest.fixture(scope="module")
-def board_state(bundle, request):
-    """Governor and throttling before measuring; the idle draw as the energy baseline."""
+def emulated(request) -> str | None:
+    """The CPU qemu emulates (``--pi5-emulate CPU``), or None on the device."""
+    from support import BENCH_STATE
+
+    cpu = request.config.getoption("--pi5-emulate")
+    BENCH_STATE["emulated"] = cpu
+    return cpu
+
+
+@pytest.fixture(scope="module")
+def runner(bundle, emulated, request) -> list[str]:
+    """How to start the bundle's native runner here: itself on the device, behind qemu's prefix
+    under ``--pi5-emulate``."""
+    from harness.errors import HarnessError
+    from harness.runtimes.arm import runner_prefix
+
+    from support import BENCH_STATE
+
+    root, manifest = bundle
+    try:
+        prefix = runner_prefix(manifest["runner"]["arch"], root / manifest["runner"]["path"], emulated,
+                               request.config.getoption("--pi5-qemu"))
+    except HarnessError as e:  # the same for every test: say it once, and stop
+        pytest.exit(f"error: {e}", returncode=4)
+    if not emulated:
+        BENCH_STATE["runner_command"] = prefix  # its read loop gives the roofline's bandwidth
+    return prefix
+
+
+def python_runtime_row(emulated: str | None, module: str, what: str) -> None:
+    """Rows through executorch's Python package: optional on the device, and not emulated (they
+    would run this host's kernels)."""
+    if emulated:
+        pytest.skip(f"{what}: under --pi5-emulate only the bundle's runner is emulated; executorch's Python "
+                    "package would run this host's kernels")
+    pytest.importorskip(module, reason=f"{what} needs executorch's Python package, not installed here "
+                                       "(optional on the device: the native runner checks the same goldens)")
+
+
+def test_pi5_goldens_native_runner(bundle, runner):
+    """Every bundled fixture .pte says its goldens through the bundle's torch-free native runner
+    (no EOS stop, so each golden's EOS must come where it is)."""
+    from harness.runtimes.native import NativeRuntime
+
+    root, manifest = bundle
+    fx = manifest["fixture"]
+    for recipe, name in fx["pte"].items():
+        runtime = NativeRuntime(root / name, 2, runner=runner)
+        try:
+            for p in fx["prompts"]:
+                golden = p["goldens"][recipe]
+                ids = runtime.generate(p["ids"], len(golden)).ids
+                assert ids == golden, f"{recipe} {p['prompt']!r}: native {ids} != golden {golden}"
+        finally:
+            runtime.close()
+
+
+def test_pi5_logits_native_runner(bundle, runner, emulated):
+    """A prefill longer than the sliding window: every position's logits against the workstation's
+    x86 native runner on the same .pte, within ``arm_vs_x86/RECIPE`` (another ISA's kernels)."""
+    import json
+
+    from harness.compare import compare_tensors
+    from harness.runtimes.native import prompt_logits
+
+    root, manifest = bundle
+    fx = manifest["fixture"]
+    host = json.loads((root / fx["logits"]).read_text())
+    where = emulated and f"qemu {emulated}" or device.board_model() or "this machine"
+    for recipe, name in fx["pte"].items():
+        got = prompt_logits(root / name, host["ids"], 2, runner)
+        problem = compare_tensors(host["recipes"][recipe], got, f"arm_vs_x86/{recipe}", f"{recipe} workstation x86_64",
+                                  f"{recipe} {manifest['runner']['arch']} ({where})",
+                                  f"a {len(host['ids'])}-token prefill")
+        assert problem is None, problem
+
+
+def test_pi5_goldens_python_runtime(bundle, emulated):
+    """The same through ExecuTorch's Python runtime, where it is installed."""
+    python_runtime_row(emulated, "executorch.runtime", "the Python-runtime goldens")
+    from harness.runtimes.base import greedy
+    from harness.runtimes.executorch import PteRuntime
+
+    root, manifest = bundle
+    fx = manifest["fixture"]
+    for recipe, name in fx["pte"].items():
+        runtime = PteRuntime(root / name)
+        for p in fx["prompts"]:
+            gen = greedy(runtime.step, p["ids"], fx["max_new_tokens"], eos_ids=frozenset(fx["eos_ids"]))
+            assert gen.ids == p["goldens"][recipe], f"{recipe} {p['prompt']!r}: {gen.ids} != golden {p['goldens'][recipe]}"
+
+
+def test_pi5_goldens_llm_runner(bundle, emulated):
+    """The same through ExecuTorch's C++ LLM runner with its own tokenizer, where it is installed."""
+    python_runtime_row(emulated, "executorch.extension.llm.runner", "the LLM-runner goldens")
+    from harness.runtimes.llm_runner import TextLLMRuntime
+
+    root, manifest = bundle
+    fx = manifest["fixture"]
+    for recipe, name in fx["pte"].items():
+        runtime = TextLLMRuntime(root / name, root / "fixture-tokenizer.json")
+        for p in fx["prompts"]:
+            out = runtime.generate_text(p["templated"], fx["max_new_tokens"])
+            assert out.ids == p["goldens"][recipe], f"{recipe} {p['prompt']!r}: runner {out.ids} != golden"
+
+
+@pytest.fixture(scope="module")
+def board_state(bundle, emulated, request):
+    """Governor and throttling before measuring; the idle draw as the energy baseline (not under
+    emulation: the host's draw is not the board's)."""
     from support import BENCH_STATE
 
     governor = device.cpu_governor()
-    if governor != "performance":
+    if governor != "performance" and not emulated:
         warnings.warn(f"CPU governor is {governor!r}, not 'performance': figures will vary "
                       "(echo performance | sudo tee /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor)")
     BENCH_STATE["throttled_before"] = device.throttled()
-    power = device.power_source(request.config.getoption("--power-meter-cmd"))
+    power = None if emulated else device.power_source(request.config.getoption("--power-meter-cmd"))
     if power:
         with device.PowerSampler(power) as idle:
             time.sleep(3.0)
@@ -56,104 +174,86 @@ def board_state(bundle, request):
     return {"governor": governor, "power": power}
 
 
-def _fixture_cases(manifest):
-    return [(r, p) for r in manifest["fixture"]["pte"] for p in manifest["fixture"]["prompts"]]
-
-
-def test_pi5_goldens_python_runtime(bundle):
-    """Every bundled fixture .pte says the goldens on the device, through ExecuTorch's runtime."""
-    from harness.runtimes.base import greedy
-    from harness.runtimes.executorch import PteRuntime
-
-    root, manifest = bundle
-    fx = manifest["fixture"]
-    for recipe, name in fx["pte"].items():
-        runner = PteRuntime(root / name)
-        for p in fx["prompts"]:
-            gen = greedy(runner.step, p["ids"], fx["max_new_tokens"], eos_ids=frozenset(fx["eos_ids"]))
-            assert gen.ids == p["goldens"][recipe], f"{recipe} {p['prompt']!r}: {gen.ids} != golden {p['goldens'][recipe]}"
-
-
-def test_pi5_goldens_llm_runner(bundle):
-    """The same through ExecuTorch's C++ LLM runner with its own tokenizer (what users deploy)."""
-    from harness.runtimes.llm_runner import TextLLMRuntime
-
-    root, manifest = bundle
-    fx = manifest["fixture"]
-    for recipe, name in fx["pte"].items():
-        runner = TextLLMRuntime(root / name, root / "fixture-tokenizer.json")
-        for p in fx["prompts"]:
-            out = runner.generate_text(p["templated"], fx["max_new_tokens"])
-            assert out.ids == p["goldens"][recipe], f"{recipe} {p['prompt']!r}: runner {out.ids} != golden"
-
-
-def test_pi5_goldens_native_runner(bundle):
-    """The same through the torch-free native runner (harness/native), built on the device against
-    its executorch wheel's C++ runtime: no EOS stop, so each golden's EOS must come where it is."""
-    from harness.bench.protocol import NATIVE
-    from harness.runtimes.process import isolated
-
-    root, manifest = bundle
-    fx = manifest["fixture"]
-    for recipe, name in fx["pte"].items():
-        with isolated(NATIVE, str(root / name), 2) as child:
-            for p in fx["prompts"]:
-                golden = p["goldens"][recipe]
-                ids = child.generate(p["ids"], len(golden)).ids
-                assert ids == golden, f"{recipe} {p['prompt']!r}: native {ids} != golden {golden}"
-
-
 def _bench_runtimes() -> list[str]:
     from harness.bench.protocol import NATIVE
-    from harness.recipes import RECIPES
 
-    return ([f"executorch:{r}" for r in RECIPES] + [f"{NATIVE}:{r}" for r in RECIPES]
+    return ([f"{NATIVE}:{r}" for r in RECIPES] + [f"executorch:{r}" for r in RECIPES]
             + ["llama.cpp:f32", "llama.cpp:q4_0"])
 
 
+def bench_case(root: Path, manifest: dict, runtime: str, emulated: str | None) -> tuple[str, Path, dict]:
+    """(model, artifact, the model's section) for a benchmark row: the benchmark model on the
+    device, the fixture under emulation (the benchmark model would take hours under qemu)."""
+    kind, recipe = RuntimeSpec.parse(runtime)
+    if kind == "llama.cpp":
+        if emulated:
+            pytest.skip("llama.cpp: under --pi5-emulate only the bundle's runner is emulated")
+        pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed on this device "
+                                                "(README: 'llama.cpp on the device')")
+    elif kind != "executorch-native":
+        python_runtime_row(emulated, "executorch.runtime", f"{runtime}")
+    if emulated:
+        fx = manifest["fixture"]
+        section = {"prompts": [p["ids"] for p in fx["prompts"]], "new_tokens": EMULATED_NEW_TOKENS,
+                   "bytes_per_token": {}, "host_ids": {}}
+        if recipe not in fx["pte"]:
+            pytest.skip(f"the bundle has no fixture {recipe} .pte (built with --recipe)")
+        return "fixture", root / fx["pte"][recipe], section
+    b = manifest.get("bench")
+    if not b:
+        pytest.skip("the bundle has no benchmark model (built with --fixture-only): rebuild it without")
+    if kind == "llama.cpp":
+        if recipe not in b["gguf"]:
+            pytest.skip(f"the bundle has no {recipe} GGUF: {b['errors'].get(runtime, 'built with --no-gguf')}")
+        return "bench", root / b["gguf"][recipe], b
+    if recipe not in b["pte"]:
+        pytest.skip(f"the bundle has no {recipe} .pte (built with --recipe)")
+    return "bench", root / b["pte"][recipe], b
+
+
 @pytest.mark.parametrize("runtime", _bench_runtimes())
-def test_pi5_benchmark(benchmark, runtime, bundle, board_state, bench_bandwidth, bench_failures):
-    from harness.runtimes.process import isolated
+def test_pi5_benchmark(benchmark, runtime, bundle, emulated, runner, board_state, request, bench_failures):
     from harness.bench.suite import (
         COUNTERPART, Protocol, check_deterministic, child_figures, matching_prefix, run_benchmark, runner_figures,
     )
+    from harness.runtimes.process import isolated
 
     root, manifest = bundle
-    b = manifest["bench"]
     kind, recipe = RuntimeSpec.parse(runtime)
-    if kind == "llama.cpp":
-        pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed on this device")
-        if recipe not in b["gguf"]:
-            pytest.skip(f"the bundle has no {recipe} GGUF: {b['errors'].get(runtime, 'built with --no-gguf')}")
-        artifact = root / b["gguf"][recipe]
-    else:
-        if recipe not in b["pte"]:
-            pytest.skip(f"the bundle has no {recipe} .pte (built with --recipe)")
-        artifact = root / b["pte"][recipe]
+    model, artifact, b = bench_case(root, manifest, runtime, emulated)
     protocol = Protocol(prompts=b["prompts"], new_tokens=b["new_tokens"],
                         threads=int(os.environ.get("HARNESS_BENCH_THREADS", 0) or os.cpu_count() or 1))
+    native = runner if kind == "executorch-native" else None
     try:
-        runner = isolated(RuntimeSpec.parse(runtime).kind, str(artifact), protocol.threads)  # timed alone
+        timed = isolated(kind, str(artifact), protocol.threads, runner=native)  # timed alone
     except Exception as e:
         bench_failures[runtime] = f"{type(e).__name__}: {e}"
         pytest.fail(f"{runtime}: could not load: {e}")
     try:
-        passes = run_benchmark(benchmark, runner, protocol, power=board_state["power"])
+        passes = run_benchmark(benchmark, timed, protocol, power=board_state["power"])
     finally:
-        runner.close()
+        timed.close()
     check_deterministic(passes, runtime)
     info = benchmark.extra_info
-    info.update(runtime=runtime, model="bench", recipe=recipe, kind=kind, counterpart=COUNTERPART.get(recipe, ""),
-                governor_performance=float(board_state["governor"] == "performance"))
+    info.update(runtime=runtime, model=model, recipe=recipe, kind=kind, counterpart=COUNTERPART.get(recipe, ""),
+                governor_performance=float(board_state["governor"] == "performance"),
+                board=device.board_model(), runner_sha256=manifest["runner"]["sha256"] if native else None,
+                emulated=f"qemu {emulated}" if emulated else None)
+    if emulated:  # the fixture's goldens hold under emulation: the timed runs must say them too
+        for p, sample in zip(manifest["fixture"]["prompts"], passes[0]):
+            golden = p["goldens"][recipe]
+            assert sample.ids[:len(golden)] == golden, f"{runtime} {p['prompt']!r}: timed run {sample.ids} != golden"
     same_pte = f"executorch:{recipe}"  # a native row runs the .pte its executorch row runs
     host = b["host_ids"].get(runtime) or b["host_ids"].get(same_pte)
     if host:  # random weights: near-tie flips between ARM and x86 kernels are expected; recorded, not asserted
         info["host_prefix_tokens"] = sum(matching_prefix(h, s.ids) for h, s in zip(host, passes[0])) / len(host)
-    info.update({k: v for k, v in child_figures(runtime, str(artifact), protocol).items() if k != "generation"})
+    info.update({k: v for k, v in child_figures(runtime, str(artifact), protocol, runner=native).items()
+                 if k != "generation"})
     per_token = b["bytes_per_token"].get(runtime) or b["bytes_per_token"].get(same_pte)
-    if per_token:
-        roof = bench_bandwidth.read_gb_s * 1e9 / per_token
-        info.update(bytes_per_token=per_token, bandwidth_gb_s=bench_bandwidth.read_gb_s, roofline_tok_s=roof,
+    bandwidth = None if emulated else request.getfixturevalue("bench_bandwidth")
+    if per_token and bandwidth:
+        roof = bandwidth.read_gb_s * 1e9 / per_token
+        info.update(bytes_per_token=per_token, bandwidth_gb_s=bandwidth.read_gb_s, roofline_tok_s=roof,
                     roofline_fraction=info["decode_tok_s"] / roof)
     if kind == "executorch":  # the C++ runner's own figures: the speed users get
         texts = [p["templated"] for p in manifest["fixture"]["prompts"][:5]]

@@ -1,11 +1,21 @@
 """The Pi 5 bundle: what the device needs to run the ``pi5`` tier, built on a workstation.
 
-The device has no transformers and never exports: it gets the ``.pte`` files (fixture and
-benchmark model, every recipe), the GGUFs for llama.cpp's side of the comparison, both
-``tokenizer.json`` files (for ExecuTorch's LLM runner), and ``manifest.json``: the fixture prompts
-already chat-templated and tokenized with their golden ids, the benchmark prompts as ids, the
-host's answers, bytes read per decode token (for the roofline) and every file's sha256.
-Written to ``DIR.partial`` and renamed when complete.
+The device needs Python with pytest and pytest-benchmark, and nothing else: no torch, no
+executorch, no transformers, no compiler. So the bundle carries:
+
+- ``runner/``: the native runner (harness/runtimes/cpp) built for the device's architecture
+  (aarch64 by default, cross-compiled against the pinned aarch64 executorch wheel; or this host's
+  with ``arch="x86_64"``), with the C++ runtime libraries it loads in ``runner/lib``;
+- the ``.pte`` files (fixture, and the benchmark model unless ``fixture_only``), the GGUFs for
+  llama.cpp's side, both ``tokenizer.json`` files (for the optional ExecuTorch LLM-runner rows);
+- the goldens: the fixture prompts chat-templated and tokenized with their token goldens, and
+  ``fixture-logits.json``, this host's native runner's logits over a prefill longer than the
+  sliding window (the device's must be within ``tolerances.py``'s ``arm_vs_x86/RECIPE``);
+- ``manifest.json``: all of that, every file's sha256, the runner's build, and ``checked``:
+  which architecture and CPU the bundle's own runner said the goldens on before it was written
+  (under qemu for aarch64 where qemu is here).
+
+Written to ``DIR.partial`` and renamed when complete and checked.
 """
 
 from __future__ import annotations
@@ -21,18 +31,38 @@ from harness.errors import HarnessError
 from harness.goldens.store import FIXTURE_PROMPTS
 
 MANIFEST = "manifest.json"
+RUNNER = "runner/et_native"
+LOGITS = "fixture-logits.json"
+CHECK_CPUS = {"aarch64": ("cortex-a76",), "x86_64": (None,)}  # where the bundle is checked before writing
 
-def build_bundle(out: Path, recipes: list[str] | None = None, with_gguf: bool = True, progress=print) -> Path:
+
+def window_prompt(prompts: list[list[int]], window: int) -> list[int]:
+    """One prompt longer than the sliding window: the prompts' ids joined (each after the first
+    without its BOS), as many as it takes."""
+    ids = list(prompts[0])
+    for more in prompts[1:]:
+        if len(ids) > window:
+            break
+        ids += more[1:]
+    if len(ids) <= window:
+        raise HarnessError(f"the prompts make {len(ids)} ids, not more than the {window}-slot window",
+                           "add golden prompts")
+    return ids
+
+
+def build_bundle(out: Path, recipes: list[str] | None = None, with_gguf: bool = True, arch: str = "aarch64",
+                 fixture_only: bool = False, progress=print) -> Path:
     from harness.atomic import check_writable
-    from harness.bench.protocol import DEFAULT_NEW_TOKENS, bench_prompts
-    from harness.models.bench import bench_model_dir
     from harness.goldens.store import golden_ids
     from harness.pipeline import Pipeline
     from harness.program import eos_ids
     from harness.recipes import RECIPES, get_recipe, golden_recipe
-    from harness.bench.roofline import gguf_bytes_per_token, torch_bytes_per_token
+    from harness.runtimes.arm import ARCHES, device_runner
+    from harness.runtimes.native import native_runner, prompt_logits
     from harness.versions import library_versions
 
+    if arch not in ARCHES:
+        raise HarnessError(f"no device runner for architecture {arch!r}", f"pass --arch {' or --arch '.join(ARCHES)}")
     recipes = recipes or list(RECIPES)
     for r in recipes:
         get_recipe(r)
@@ -44,19 +74,30 @@ def build_bundle(out: Path, recipes: list[str] | None = None, with_gguf: bool = 
     files: dict[str, str] = {}
 
     def put(src: Path, name: str) -> str:
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, staging / name)
         files[name] = sha256_file(staging / name)
         return name
 
+    progress(f"bundle: the native runner for {arch}")
+    runner = device_runner(arch)
+    put(runner, RUNNER)
+    os.chmod(staging / RUNNER, 0o755)
+    build = json.loads((runner.parent / "meta.json").read_text())
+    for name in build.get("libraries", {}):
+        put(runner.parent / "lib" / name, f"runner/lib/{name}")
+
     fixture = Pipeline("fixture", "fp32", progress=progress)
     put(fixture.loaded.directory / "tokenizer.json", "fixture-tokenizer.json")
-    put(bench_model_dir() / "tokenizer.json", "bench-tokenizer.json")
     tok = fixture.loaded.tokenizer
     manifest: dict = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "libraries": library_versions(),
-        "fixture": {"eos_ids": eos_ids(fixture.loaded), "max_new_tokens": 9, "pte": {}, "prompts": []},
-        "bench": {"pte": {}, "gguf": {}, "bytes_per_token": {}, "host_ids": {}, "errors": {}},
+        "runner": {"arch": arch, "path": RUNNER, "sha256": files[RUNNER],
+                   **{k: build.get(k) for k in ("compiler", "linked", "command")}},
+        "fixture": {"eos_ids": eos_ids(fixture.loaded), "max_new_tokens": 9, "pte": {}, "prompts": [],
+                    "sliding_window": int(fixture.loaded.config.sliding_window), "logits": LOGITS},
+        "bench": None,
     }
     for prompt in FIXTURE_PROMPTS:
         text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
@@ -64,37 +105,111 @@ def build_bundle(out: Path, recipes: list[str] | None = None, with_gguf: bool = 
             "prompt": prompt, "templated": text, "ids": fixture.prompt_ids(prompt),
             "goldens": {r: golden_ids(golden_recipe(r), "pte", prompt) for r in recipes},
         })
-    bench = Pipeline("bench", "fp32", progress=progress)
-    prompts = bench_prompts(vocab=bench.loaded.config.vocab_size)
-    context = len(prompts[0]) + DEFAULT_NEW_TOKENS // 2
-    manifest["bench"].update(prompts=prompts, new_tokens=DEFAULT_NEW_TOKENS)
+    long_ids = window_prompt([p["ids"] for p in manifest["fixture"]["prompts"]], manifest["fixture"]["sliding_window"])
+    logits: dict = {"ids": long_ids, "source": "this host's native runner (x86_64)", "recipes": {}}
     for r in recipes:
         pf = Pipeline("fixture", r, progress=progress)
         manifest["fixture"]["pte"][r] = put(pf.pte_path, f"fixture-{r}.pte")
-        pb = Pipeline("bench", r, progress=progress)
-        manifest["bench"]["pte"][r] = put(pb.pte_path, f"bench-{r}.pte")
-        manifest["bench"]["bytes_per_token"][f"executorch:{r}"] = torch_bytes_per_token(pb.quantized, context)
-        from harness.runtimes.executorch import PteRuntime
+        logits["recipes"][r] = prompt_logits(pf.pte_path, long_ids, 2, [str(native_runner())])
+    (staging / LOGITS).write_text(json.dumps(logits))
+    files[LOGITS] = sha256_file(staging / LOGITS)
+    if not fixture_only:
+        manifest["bench"] = _bench_section(put, recipes, with_gguf, progress)
+    manifest["checked"] = [check_bundle(staging, manifest, logits, cpu, progress) for cpu in CHECK_CPUS[arch]]
+    manifest["files"] = files
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    read_manifest(staging)  # every file as recorded
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(staging, out)
+    return out
 
+
+def _bench_section(put, recipes: list[str], with_gguf: bool, progress) -> dict:
+    from harness.bench.protocol import DEFAULT_NEW_TOKENS, bench_prompts
+    from harness.bench.roofline import gguf_bytes_per_token, torch_bytes_per_token
+    from harness.models.bench import bench_model_dir
+    from harness.pipeline import Pipeline
+    from harness.runtimes.executorch import PteRuntime
+
+    put(bench_model_dir() / "tokenizer.json", "bench-tokenizer.json")
+    bench = Pipeline("bench", "fp32", progress=progress)
+    prompts = bench_prompts(vocab=bench.loaded.config.vocab_size)
+    context = len(prompts[0]) + DEFAULT_NEW_TOKENS // 2
+    section: dict = {"pte": {}, "gguf": {}, "bytes_per_token": {}, "host_ids": {}, "errors": {},
+                     "prompts": prompts, "new_tokens": DEFAULT_NEW_TOKENS}
+    for r in recipes:
+        pb = Pipeline("bench", r, progress=progress)
+        section["pte"][r] = put(pb.pte_path, f"bench-{r}.pte")
+        section["bytes_per_token"][f"executorch:{r}"] = torch_bytes_per_token(pb.quantized, context)
         runtime = PteRuntime(pb.pte_path)
-        manifest["bench"]["host_ids"][f"executorch:{r}"] = [runtime.generate(p, DEFAULT_NEW_TOKENS, keep_logits=False).ids
-                                                            for p in prompts]
+        section["host_ids"][f"executorch:{r}"] = [runtime.generate(p, DEFAULT_NEW_TOKENS, keep_logits=False).ids
+                                                  for p in prompts]
     if with_gguf:
         for q in ("f32", "q4_0"):
             try:
                 from harness.runtimes.gguf import gguf_for
 
                 path = gguf_for("bench", q)
-                manifest["bench"]["gguf"][q] = put(path, f"bench-{q}.gguf")
-                manifest["bench"]["bytes_per_token"][f"llama.cpp:{q}"] = gguf_bytes_per_token(path, bench.loaded.config, context)
+                section["gguf"][q] = put(path, f"bench-{q}.gguf")
+                section["bytes_per_token"][f"llama.cpp:{q}"] = gguf_bytes_per_token(path, bench.loaded.config, context)
             except (HarnessError, ImportError) as e:
-                manifest["bench"]["errors"][f"llama.cpp:{q}"] = str(e)
-    manifest["files"] = files
-    (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(staging, out)
-    return out
+                section["errors"][f"llama.cpp:{q}"] = str(e)
+    return section
+
+
+def check_bundle(root: Path, manifest: dict, logits: dict, cpu: str | None = None, progress=print,
+                 qemu_name: str | None = None) -> dict:
+    """The bundle's own runner on this machine (as ``cpu`` under qemu for an aarch64 runner):
+    every fixture golden, and the logits within ``arm_vs_x86/RECIPE``. Returns the provenance
+    record; raises if a golden differs or a logit is out of tolerance (such a bundle is not
+    written). With no qemu here, an aarch64 bundle is recorded as not checked, and why."""
+    import platform
+
+    from harness.compare import compare_tensors
+    from harness.runtimes.arm import runner_prefix
+    from harness.runtimes.native import NativeRuntime, prompt_logits
+
+    arch = manifest["runner"]["arch"]
+    record = {"arch": arch, "cpu": cpu or _host_cpu(), "emulated": arch != platform.machine() or bool(cpu),
+              "host": platform.machine()}
+    try:
+        prefix = runner_prefix(arch, root / manifest["runner"]["path"], cpu, qemu_name)
+    except HarnessError as e:
+        return {**record, "checked": False, "why": str(e)}
+    progress(f"bundle: checking its runner on {record['cpu']}" + (" (qemu)" if record["emulated"] else ""))
+    fx = manifest["fixture"]
+    worst = {}
+    for recipe, name in fx["pte"].items():
+        runtime = NativeRuntime(root / name, 2, runner=prefix)
+        try:
+            for p in fx["prompts"]:
+                golden = p["goldens"][recipe]
+                ids = runtime.generate(p["ids"], len(golden)).ids
+                if ids != golden:
+                    raise HarnessError(f"the bundle's {arch} runner on {record['cpu']} says {ids} for {recipe} "
+                                       f"{p['prompt']!r}, golden {golden}", "the bundle was not written; see tests/test_arm.py")
+        finally:
+            runtime.close()
+        got = prompt_logits(root / name, logits["ids"], 2, prefix)
+        problem = compare_tensors(logits["recipes"][recipe], got, f"arm_vs_x86/{recipe}", f"{recipe} host",
+                                  f"{recipe} {arch} ({record['cpu']})", f"a {len(logits['ids'])}-token prefill")
+        if problem:
+            raise HarnessError(problem, "the bundle was not written")
+        worst[recipe] = max(abs(a - b) for ra, rb in zip(logits["recipes"][recipe][0], got[0]) for a, b in zip(ra, rb))
+    return {**record, "checked": True, "goldens": "equal", "logits_max_abs_diff": worst}
+
+
+def _host_cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
 
 
 def read_manifest(bundle: Path) -> dict:

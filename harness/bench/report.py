@@ -63,7 +63,8 @@ def _f(v, fmt: str) -> str:
 def markdown(data: dict) -> str:
     body = []
     for i in rows(data):
-        runtime = i.get("kind", i.get("runtime", "?")) + (" (runner)" if i.get("via") == "runner" else "")
+        runtime = (i.get("kind", i.get("runtime", "?")) + (" (runner)" if i.get("via") == "runner" else "")
+                   + (" EMULATED" if i.get("emulated") else ""))
         body.append([
             i.get("model", "?"), i.get("recipe", "?"), runtime, str(i.get("threads", "?")),
             _f(i.get("prefill_tok_s"), ".1f"), _f(i.get("decode_tok_s"), ".1f"),
@@ -90,7 +91,7 @@ def markdown(data: dict) -> str:
                      "the 5 chat-templated fixture prompts (about 15 tokens; it stops early at an EOS id)")
     if any(str(i.get("kind", "")) == "executorch-native" for i in rows(data)):
         notes.append("executorch-native rows: the same .pte through ExecuTorch's C++ runtime in a program with no "
-                     "Python and no libtorch (harness/native), timed in C++ around each forward call, over the same "
+                     "Python and no libtorch (harness/runtimes/cpp), timed in C++ around each forward call, over the same "
                      "prompts; its llama:: attention and cache kernels are the harness's own (the executorch wheel "
                      "ships ExecuTorch's only inside a library that links libtorch)")
     paired = [i for i in rows(data) if i.get("paired_ratio_decode") is not None]
@@ -105,7 +106,20 @@ def markdown(data: dict) -> str:
                      + " ÷ bytes read per token)")
     machine = (data.get("machine_info") or {})
     cpu = (machine.get("cpu") or {}).get("brand_raw") or machine.get("processor") or "?"
-    notes.append(f"machine: {h.get('board') or machine.get('node', '?')}, {cpu}; governor {h.get('governor') or 'n/a'}"
+    emulated = emulation(data)
+    if emulated:
+        notes.insert(0, f"**EMULATED: every rate here was measured under {emulated} on {cpu}. They are the emulator's "
+                        "speed, not a Raspberry Pi 5's, and must never be quoted as Pi figures; the run checks the "
+                        "goldens and the protocol, not the speed.**")
+    board = h.get("board") or machine.get("node", "?")
+    if emulated:
+        board = f"{emulated} on {board}"
+    bundle = h.get("bundle") or {}
+    if bundle.get("runner"):
+        r = bundle["runner"]
+        notes.append(f"native runner: the bundle's {r.get('arch')} build, sha256 {str(r.get('sha256'))[:16]}, "
+                     f"{r.get('compiler')}, against {r.get('linked')}")
+    notes.append(f"machine: {board}, {cpu}; governor {h.get('governor') or 'n/a'}"
                  + (f"; throttled before {h.get('throttled_before')} after {h.get('throttled_after')}"
                     if h.get("throttled_after") is not None else ""))
     libs = h.get("libraries")
@@ -114,6 +128,12 @@ def markdown(data: dict) -> str:
     for runtime, why in (h.get("failures") or {}).items():
         notes.append(f"**{runtime} did not run:** {why}")
     return "\n".join(out + [""] + [f"- {n}" for n in notes])
+
+
+def emulation(data: dict) -> str | None:
+    """What emulated the run (``qemu cortex-a76``), from the run's context or any row; None on hardware."""
+    h = data.get("harness") or {}
+    return h.get("emulated") or next((i["emulated"] for i in rows(data) if i.get("emulated")), None)
 
 
 def chart(data: dict, out: Path) -> Path:
@@ -142,7 +162,9 @@ def chart(data: dict, out: Path) -> Path:
         ax.set_title(title)
     model = infos[0].get("model", "") if infos else ""
     threads = infos[0].get("threads", "") if infos else ""
-    fig.suptitle(f"{model}: {threads} threads (median of prompts × rounds)")
+    emulated = emulation(data)
+    fig.suptitle(f"{model}: {threads} threads (median of prompts × rounds)"
+                 + (f"\nEMULATED ({emulated}): not Raspberry Pi 5 figures" if emulated else ""))
     fig.tight_layout()
     out = Path(out)
     with atomic_path(out) as tmp:

@@ -28,16 +28,49 @@ def _timed(run) -> float:
     return time.perf_counter() - t0
 
 
-def read_bandwidth(threads: int | None = None, buffer_mb: int = 512, repeats: int = 5) -> Bandwidth:
-    """Best read bandwidth over a buffer far larger than any cache, from two read loops (best of
-    ``repeats`` each): ``threads`` Python threads each summing their slice with numpy (which
-    releases the GIL), and torch's vectorized multi-threaded ``sum`` on ``threads`` threads. The
-    roofline needs the most this machine can read: numpy's float64 pairwise sum alone measured
-    17-21 GB/s here, while torch's sum read 28.5 GB/s and llama.cpp F32 decoding moved 27 GB/s,
-    which put runtimes at 156% of a roofline that was too low."""
-    import numpy as np
-
+def read_bandwidth(threads: int | None = None, buffer_mb: int = 512, repeats: int = 5,
+                   runner: list[str] | None = None) -> Bandwidth:
+    """Best read bandwidth over a buffer far larger than any cache, from every read loop available
+    here (best of ``repeats`` each): ``threads`` Python threads each summing their slice with
+    numpy (which releases the GIL), torch's vectorized multi-threaded ``sum`` on ``threads``
+    threads, and, given ``runner`` (how to start the native runner), its C++ loop
+    (``et_native - THREADS --bandwidth MB``), which is all a device without numpy has. The roofline
+    needs the most this machine can read: numpy's float64 pairwise sum alone measured 17-21 GB/s
+    here, while torch's sum read 28.5 GB/s and llama.cpp F32 decoding moved 27 GB/s, which put
+    runtimes at 156% of a roofline that was too low."""
     threads = threads or os.cpu_count() or 1
+    results = {}
+    if runner:
+        results["native runner, one slice per thread"] = _runner_seconds(runner, threads, buffer_mb)
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        results.update(_numpy_and_torch_seconds(np, threads, buffer_mb, repeats))
+    if not results:
+        raise ImportError("no read loop here: numpy is not installed and no native runner was given")
+    kernel, best = min(results.items(), key=lambda kv: kv[1])
+    return Bandwidth(threads=threads, read_gb_s=buffer_mb * (1 << 20) / best / 1e9, buffer_mb=buffer_mb, kernel=kernel)
+
+
+def _runner_seconds(runner: list[str], threads: int, buffer_mb: int) -> float:
+    """The native runner's best pass over ``buffer_mb``, as seconds for the same bytes."""
+    import json
+    import subprocess
+
+    from harness.errors import HarnessError
+
+    cmd = [*runner, "-", str(threads), "--bandwidth", str(buffer_mb)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise HarnessError(f"the native runner could not measure bandwidth (exit {out.returncode}: "
+                           f"{(out.stderr.strip().splitlines() or ['no output'])[-1]})", "run by hand: " + " ".join(cmd))
+    gb_s = json.loads(out.stdout.strip().splitlines()[-1])["read_gb_s"]
+    return buffer_mb * (1 << 20) / (gb_s * 1e9)
+
+
+def _numpy_and_torch_seconds(np, threads: int, buffer_mb: int, repeats: int) -> dict[str, float]:
     data = np.ones(buffer_mb * (1 << 20) // 8, dtype=np.float64)
     parts = np.array_split(data, threads)
     for p in parts:  # fault every page in before timing
@@ -73,8 +106,7 @@ def read_bandwidth(threads: int | None = None, buffer_mb: int = 512, repeats: in
             results["torch sum"] = min(_timed(view.sum) for _ in range(repeats))
         finally:
             torch.set_num_threads(before)
-    kernel, best = min(results.items(), key=lambda kv: kv[1])
-    return Bandwidth(threads=threads, read_gb_s=data.nbytes / best / 1e9, buffer_mb=buffer_mb, kernel=kernel)
+    return results
 
 
 def _tensor_bytes(t) -> int:

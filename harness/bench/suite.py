@@ -144,12 +144,12 @@ def settle(seconds: float = 0.0) -> None:
         time.sleep(seconds)
 
 
-def child_figures(runtime: str, artifact: str, protocol: Protocol) -> dict:
+def child_figures(runtime: str, artifact: str, protocol: Protocol, runner: list[str] | None = None) -> dict:
     from harness.runtimes.process import measure_once
 
     try:
         return measure_once(RuntimeSpec.parse(runtime).kind, artifact, protocol.threads, protocol.prompts[0],
-                            protocol.new_tokens)
+                            protocol.new_tokens, runner=runner)
     except HarnessError as e:
         return {"child_error": str(e)}
 

@@ -6,6 +6,7 @@ Errors the user can fix print one line on stderr and exit 2; ``--debug`` shows t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -277,7 +278,12 @@ def cmd_bench_bundle(args) -> int:
     """Everything the Pi 5 tier needs, built here: .pte files, GGUFs, tokenizers, a manifest."""
     from harness.bench.bundle import build_bundle
 
-    out = build_bundle(Path(args.out), recipes=args.recipe, with_gguf=not args.no_gguf, progress=_progress)
+    out = build_bundle(Path(args.out), recipes=args.recipe, with_gguf=not args.no_gguf, arch=args.arch,
+                       fixture_only=args.fixture_only, progress=_progress)
+    checked = json.loads((out / "manifest.json").read_text())["checked"]
+    for c in checked:
+        print(f"bundle: goldens and logits checked on {c['arch']} {c['cpu']}" + (" (emulated)" if c["emulated"] else "")
+              if c["checked"] else f"bundle: not checked on {c['arch']} here ({c['why']})")
     print(f"bundle: {out} (copy it to the Pi; see README, 'Benchmarks on a Raspberry Pi 5')")
     return 0
 
@@ -352,6 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("out", metavar="DIR")
     bb.add_argument("--recipe", action="append", help="recipes to bundle (default: all)")
     bb.add_argument("--no-gguf", action="store_true", help="skip the llama.cpp GGUFs")
+    bb.add_argument("--arch", choices=("aarch64", "x86_64"), default="aarch64",
+                    help="the device's architecture: the native runner is built for it (default aarch64, the Pi 5)")
+    bb.add_argument("--fixture-only", action="store_true",
+                    help="only the fixture model (goldens, logits, and the emulated benchmark), not the benchmark model")
     bb.set_defaults(func=cmd_bench_bundle)
     return ap
 

@@ -1,4 +1,5 @@
-"""The native runner for the Pi 5 (aarch64, Cortex-A76), cross-compiled here, and its emulation.
+"""The native runner for the Pi 5 (aarch64, Cortex-A76), cross-compiled here, and its emulation;
+and the same self-contained runner directory for this host (``device_runner("x86_64")``).
 
 The aarch64 executorch wheel ships the same C++ runtime libraries as the x86_64 one (in
 ``executorch/lib``; the include trees are identical), none linking libtorch or libpython, all
@@ -36,6 +37,7 @@ CROSS_CXX = "aarch64-linux-gnu-g++"
 QEMU = ("qemu-aarch64-static", "qemu-aarch64")
 SYSROOT = Path("/usr/aarch64-linux-gnu")  # Debian's aarch64 glibc (libc6-arm64-cross), for qemu's -L
 EM_AARCH64 = 183
+ELF_MACHINE = {"aarch64": EM_AARCH64, "x86_64": 62}
 APT = "apt-get install g++-aarch64-linux-gnu qemu-user-static"
 
 
@@ -109,7 +111,23 @@ def runtime_libraries(whl: Path, out: Path) -> list[str]:
     return sorted(names)
 
 
-def build_key() -> str:
+ARCHES = ("aarch64", "x86_64")  # a device bundle's runner: the Pi 5's, or this host's
+
+
+def _toolchain(arch: str) -> tuple[str, str]:
+    """(compiler, what identifies the libraries it links) for ``arch``."""
+    if arch == "aarch64":
+        return cross_compiler(), f"wheel {WHEEL_SHA256}"
+    if arch == "x86_64":
+        from importlib import metadata
+
+        from harness.runtimes.native import compiler
+
+        return compiler(), f"installed executorch {metadata.version('executorch')}"
+    raise HarnessError(f"no device runner for architecture {arch!r}", f"choose one of {', '.join(ARCHES)}")
+
+
+def build_key(arch: str = "aarch64") -> str:
     import hashlib
 
     from harness.cache import cache_key
@@ -118,43 +136,85 @@ def build_key() -> str:
     h = hashlib.sha256()
     for name in SOURCES:
         h.update((source_dir() / name).read_bytes())
-    cxx = cross_compiler()
-    return cache_key("native-aarch64", sources=h.hexdigest(), wheel=WHEEL_SHA256,
+    cxx, libraries = _toolchain(arch)
+    return cache_key(f"native-{arch}", sources=h.hexdigest(), libraries=libraries,
                      command=compile_command(Path("OUT"), cxx, lib=Path("LIB"), rpath="$ORIGIN/lib"),
                      compiler=_compiler_version(cxx))
 
 
-def aarch64_runner() -> Path:
-    """``et_native`` for aarch64 with its libraries in ``lib/`` beside it (from the artifact cache
-    when its key matches): copy the directory to the device as it is."""
+def device_runner(arch: str = "aarch64") -> Path:
+    """``et_native`` for ``arch`` with the C++ runtime libraries in ``lib/`` beside it (rpath
+    ``$ORIGIN/lib``), from the artifact cache when its key matches: a directory that runs wherever
+    it is copied, with no Python, torch or executorch installed. aarch64: cross-compiled against
+    the pinned aarch64 wheel's libraries and checked under qemu as a Cortex-A76 (where qemu is
+    here); x86_64: against the installed wheel's, and run here."""
     from harness.cache import ArtifactCache, sha256_file
-    from harness.runtimes.native import compile_command
+    from harness.runtimes.native import _compiler_version, compile_command, executorch_root
+
+    cxx, libraries = _toolchain(arch)
 
     def build(path: Path) -> dict:
-        libs = runtime_libraries(wheel(), path.parent / "lib")
-        cmd = compile_command(path, cross_compiler(), lib=path.parent / "lib", rpath="$ORIGIN/lib")
+        lib = path.parent / "lib"
+        if arch == "aarch64":
+            names = runtime_libraries(wheel(), lib)
+        else:
+            lib.mkdir()
+            names = []
+            for so in sorted((executorch_root() / "lib").glob("*.so*")):
+                shutil.copyfile(so, lib / so.name)
+                names.append(so.name)
+        cmd = compile_command(path, cxx, lib=lib, rpath="$ORIGIN/lib")
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if out.returncode != 0:
             first = next((l for l in out.stderr.splitlines() if "error" in l), out.stderr.strip()[-300:])
-            raise HarnessError(f"cross-compiling the native runner failed ({first.strip()})",
+            raise HarnessError(f"compiling the {arch} native runner failed ({first.strip()})",
                                "run by hand to see all: " + " ".join(cmd))
-        check_aarch64(path)
-        libs = prune_to_needed(path, path.parent / "lib", libs)
-        try:  # it must start: its libraries resolve, its kernels register, it says its usage (exit 2)
-            verify_command = [*emulator("cortex-a76"), str(path)]
-        except HarnessError:
-            verify_command = None  # no qemu here: checked where it runs
-        if verify_command:
+        if elf_machine(path) != ELF_MACHINE[arch]:
+            raise HarnessError(f"{path} is not an {arch} program (ELF machine {elf_machine(path)})",
+                               f"check the compiler: {cxx}")
+        names = prune_to_needed(path, lib, names)
+        verify_command = runner_prefix(arch, path, "cortex-a76" if arch == "aarch64" else None, required=False)
+        if verify_command:  # it must start: its libraries resolve, its kernels register (usage, exit 2)
             run = subprocess.run(verify_command, capture_output=True, text=True, timeout=120)
             if run.returncode != 2 or "usage: et_native" not in run.stderr:
-                raise HarnessError(f"the aarch64 runner does not start under qemu (exit {run.returncode}: "
+                raise HarnessError(f"the {arch} runner does not start (exit {run.returncode}: "
                                    f"{(run.stderr.strip().splitlines() or ['no output'])[-1]})",
                                    "run by hand: " + " ".join(verify_command))
-        return {"command": cmd, "libraries": {n: sha256_file(path.parent / "lib" / n) for n in libs}}
+        return {"arch": arch, "command": cmd, "compiler": _compiler_version(cxx), "linked": libraries,
+                "libraries": {n: sha256_file(lib / n) for n in names}}
 
-    path = ArtifactCache().get_or_build("native-aarch64", build_key(), "et_native", build)
+    path = ArtifactCache().get_or_build(f"native-{arch}", build_key(arch), "et_native", build)
     check_libraries(path)
     return path
+
+
+def aarch64_runner() -> Path:
+    return device_runner("aarch64")
+
+
+def runner_prefix(arch: str, runner: Path, cpu: str | None = None, qemu_name: str | None = None,
+                  required: bool = True) -> list[str] | None:
+    """How to start ``runner`` (built for ``arch``) on this machine: directly when it is this
+    machine's architecture and no CPU is to be emulated, else through qemu as ``cpu``. None
+    when that needs qemu and it is missing and not ``required``."""
+    import platform
+
+    if arch == platform.machine() and not cpu:
+        return [str(runner)]
+    if arch != "aarch64":
+        raise HarnessError(f"the runner is built for {arch}, which this {platform.machine()} machine cannot run"
+                           + (" under qemu-aarch64" if cpu else ""),
+                           "build the bundle for this machine (harness bench bundle DIR --arch "
+                           f"{platform.machine()}), or an aarch64 one to emulate")
+    if not cpu:
+        raise HarnessError(f"the runner is built for aarch64, and this machine is {platform.machine()}",
+                           "emulate the Pi 5's CPU with --pi5-emulate cortex-a76 (qemu-user), or run on the device")
+    try:
+        return [*emulator(cpu, qemu_name), str(runner)]
+    except HarnessError:
+        if required:
+            raise
+        return None
 
 
 def prune_to_needed(runner: Path, lib: Path, names: list[str]) -> list[str]:

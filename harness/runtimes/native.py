@@ -131,6 +131,27 @@ def native_command(artifact, threads: int, args: list[str], runner: list[str] | 
     return [*(runner or [str(native_runner())]), str(artifact), str(threads), *args]
 
 
+def prompt_logits(artifact, ids: list[int], threads: int = 2, runner: list[str] | None = None,
+                  timeout: float = 600) -> list:
+    """Every position's logits for a prefill of ``ids`` (``--logits``), as nested lists ``[1][s][V]``
+    (no torch needed: the device's pi5 tier compares them too)."""
+    import json
+
+    cmd = native_command(artifact, threads, ["--logits", json.dumps([int(i) for i in ids])], runner)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise HarnessError(f"the native runner took over {timeout:.0f} s for {len(ids)} positions' logits",
+                           "run by hand: " + " ".join(cmd)) from e
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise HarnessError(f"the native runner failed on {artifact} (exit {out.returncode}: {last})",
+                           "run by hand: " + " ".join(cmd))
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    flat, (batch, seq, vocab) = got["logits"], got["shape"]
+    return [[flat[(b * seq + k) * vocab:(b * seq + k + 1) * vocab] for k in range(seq)] for b in range(batch)]
+
+
 @register
 class NativeRuntime(Runtime):
     """The ``.pte`` through the native runner, a program of its own driven over its stdin/stdout
@@ -157,7 +178,7 @@ class NativeRuntime(Runtime):
                  keep_logits: bool = False) -> Generation:
         if keep_prefill_logits or keep_logits:
             raise HarnessError("the native runner returns ids and timings, not logits",
-                               "use native_logits() for a prompt's logits")
+                               "use prompt_logits() for a prompt's logits")
         ids = check_prompt(prompt_ids, max_new_tokens, None, None)
         s = self._child.ask({"prompt": ids, "new_tokens": int(max_new_tokens)})["sample"]
         gen = Generation(prompt_ids=ids, ids=list(s["ids"]), ttft_s=s["ttft_s"], decode_s=s["decode_s"])

@@ -57,24 +57,26 @@ class ProcessRuntime(Runtime):
         self._child.close()
 
 
-def isolated(kind: str, artifact, threads: int = 1, timeout: float = 900) -> Runtime:
-    """``kind`` on ``artifact`` in a process of its own (the native runner is one already)."""
+def isolated(kind: str, artifact, threads: int = 1, timeout: float = 900, runner: list[str] | None = None) -> Runtime:
+    """``kind`` on ``artifact`` in a process of its own (the native runner is one already;
+    ``runner``: how to start it, e.g. a bundle's aarch64 build behind qemu)."""
     if kind == "executorch-native":
         from harness.runtimes.native import NativeRuntime
 
-        return NativeRuntime(artifact, threads=threads, timeout=timeout)
+        return NativeRuntime(artifact, threads=threads, timeout=timeout, runner=runner)
     return ProcessRuntime(kind, artifact, threads, timeout)
 
 
-def measure_once(kind: str, artifact, threads: int, prompt: list[int], new_tokens: int, timeout: float = 900) -> dict:
+def measure_once(kind: str, artifact, threads: int, prompt: list[int], new_tokens: int, timeout: float = 900,
+                 runner: list[str] | None = None) -> dict:
     """Load time, RSS before loading (interpreter + libraries), peak RSS after one generation, in
     a fresh process: ``{"load_s", "base_rss_mb", "peak_rss_mb", "model_rss_mb", "generation"}``."""
     what = f"{kind}: measuring load time and memory"
     if kind == "executorch-native":
         from harness.runtimes.native import native_command
 
-        out = run_json(native_command(artifact, threads, ["--once", json.dumps(prompt), str(new_tokens)]), what,
-                       timeout=timeout)
+        out = run_json(native_command(artifact, threads, ["--once", json.dumps(prompt), str(new_tokens)], runner),
+                       what, timeout=timeout)
         sample = out.pop("sample")
         out["generation"] = {"prompt_ids": list(prompt), "ids": sample["ids"], "ttft_s": sample["ttft_s"],
                              "decode_s": sample["decode_s"]}

@@ -42,3 +42,20 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
         except SystemExit as e:  # argparse: usage errors and --help
             rc = e.code if isinstance(e.code, int) else 1
     return rc, out.getvalue(), err.getvalue()
+
+
+def require_arm_tools(cpu: str = "cortex-a76") -> list[str]:
+    """qemu's prefix for ``cpu``, after checking the aarch64 cross compiler is there too; where
+    either is missing, fail in CI (``.ci/run`` installs both) and skip with the reason elsewhere."""
+    import pytest
+
+    from harness.errors import HarnessError
+    from harness.runtimes.arm import cross_compiler, emulator
+
+    try:
+        cross_compiler()
+        return emulator(cpu)
+    except HarnessError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"{e}: CI must run the aarch64 checks (.ci/run installs the tools)")
+        pytest.skip(str(e))

@@ -12,6 +12,9 @@
 //   et_native PTE THREADS --logits PROMPT_JSON [CHUNK]
 //       the prompt's logits at every position, fed in calls of CHUNK ids (default: one call), for
 //       comparing with the Python runtime.
+//   et_native - THREADS --bandwidth MB
+//       this machine's memory read bandwidth over an MB buffer, THREADS threads each summing its
+//       slice (best of 5), for the roofline where numpy is not installed (the Pi 5 tier).
 //
 // The program's signature is the harness's: forward(input_ids[1, s] int64, cache_position[s]
 // int64) -> logits[1, s, V] float32.
@@ -22,6 +25,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -165,10 +170,50 @@ std::string sample_json(Model& m, const std::vector<int64_t>& prompt, int64_t ne
   return std::string(buf) + ids_json(ids) + "}";
 }
 
+// Seconds of the fastest of 5 passes in which THREADS threads each sum their slice of a buffer
+// (its pages faulted in first), from a common start; the bytes over that time, in GB/s.
+double read_gb_s(long threads, long mb) {
+  const size_t n = static_cast<size_t>(mb) * (size_t{1} << 20) / sizeof(uint64_t);
+  std::vector<uint64_t> data(n, 1);
+  std::vector<uint64_t> sums(threads, 0);
+  double best = 1e30;
+  for (int pass = 0; pass < 5; ++pass) {
+    std::atomic<long> ready{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> pool;
+    for (long t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const size_t lo = n * t / threads, hi = n * (t + 1) / threads;
+        ready.fetch_add(1);
+        while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+        uint64_t a = 0, b = 0, c = 0, d = 0;
+        size_t i = lo;
+        for (; i + 4 <= hi; i += 4) { a += data[i]; b += data[i + 1]; c += data[i + 2]; d += data[i + 3]; }
+        for (; i < hi; ++i) a += data[i];
+        sums[t] = a + b + c + d;
+      });
+    while (ready.load() < threads) std::this_thread::yield();
+    const double t0 = now();
+    go.store(true, std::memory_order_release);
+    for (auto& th : pool) th.join();
+    best = std::min(best, now() - t0);
+    uint64_t total = 0;
+    for (auto v : sums) total += v;
+    if (total != n) die("the bandwidth loop summed " + std::to_string(total) + ", expected " + std::to_string(n));
+  }
+  return static_cast<double>(n * sizeof(uint64_t)) / best / 1e9;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4) die("usage: et_native PTE THREADS --serve | --once PROMPT_JSON NEW_TOKENS | --logits PROMPT_JSON [CHUNK]");
+  if (argc == 5 && std::string(argv[3]) == "--bandwidth") {
+    const long threads = std::strtol(argv[2], nullptr, 10), mb = std::strtol(argv[4], nullptr, 10);
+    if (threads < 1 || mb < 1) die("usage: et_native - THREADS --bandwidth MB (positive integers)");
+    std::printf("{\"read_gb_s\": %.6f, \"threads\": %ld, \"buffer_mb\": %ld}\n", read_gb_s(threads, mb), threads, mb);
+    return 0;
+  }
+  if (argc < 4) die("usage: et_native PTE THREADS --serve | --once PROMPT_JSON NEW_TOKENS | --logits PROMPT_JSON [CHUNK] | - THREADS --bandwidth MB");
   const std::string pte = argv[1], mode = argv[3];
   const long threads = std::strtol(argv[2], nullptr, 10);
   if (threads < 1) die("THREADS must be a positive integer, got " + std::string(argv[2]));
