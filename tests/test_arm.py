@@ -15,7 +15,6 @@ import subprocess
 import pytest
 
 from support import FIXTURE_PROMPTS, require_arm_tools
-from harness.compare import compare_tensors
 
 pytestmark = pytest.mark.mac
 RECIPES = ("fp32", "8da4w", "8da4w-fast")
@@ -100,8 +99,10 @@ def test_aarch64_logits_are_x86s_within_tolerance(aarch64, pipeline, recipe, cpu
 
 
 def arm_problem(x86, arm, recipe: str, cpu: str) -> str | None:
-    return compare_tensors(x86, arm, f"arm_vs_x86/{recipe}", f"{recipe} x86_64 native",
-                           f"{recipe} aarch64 ({cpu}, qemu)", f"a {arm.shape[1]}-token prefill")
+    from harness.runtimes.arm import arm_logits_problem
+
+    return arm_logits_problem(x86, arm, recipe, f"{recipe} x86_64 native", f"{recipe} aarch64 ({cpu}, qemu)",
+                              f"a {arm.shape[1]}-token prefill")
 
 
 def test_the_arm_comparison_catches_a_kernel_that_drifts(pipeline):

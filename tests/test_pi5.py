@@ -91,19 +91,11 @@ def python_runtime_row(emulated: str | None, module: str, what: str) -> None:
 def test_pi5_goldens_native_runner(bundle, runner):
     """Every bundled fixture .pte says its goldens through the bundle's torch-free native runner
     (no EOS stop, so each golden's EOS must come where it is)."""
-    from harness.runtimes.native import NativeRuntime
+    from harness.bench.bundle import native_golden_problems
 
     root, manifest = bundle
-    fx = manifest["fixture"]
-    for recipe, name in fx["pte"].items():
-        runtime = NativeRuntime(root / name, 2, runner=runner)
-        try:
-            for p in fx["prompts"]:
-                golden = p["goldens"][recipe]
-                ids = runtime.generate(p["ids"], len(golden)).ids
-                assert ids == golden, f"{recipe} {p['prompt']!r}: native {ids} != golden {golden}"
-        finally:
-            runtime.close()
+    problems = native_golden_problems(root, manifest, runner)
+    assert not problems, "\n".join(problems)
 
 
 def test_pi5_logits_native_runner(bundle, runner, emulated):
@@ -111,7 +103,7 @@ def test_pi5_logits_native_runner(bundle, runner, emulated):
     x86 native runner on the same .pte, within ``arm_vs_x86/RECIPE`` (another ISA's kernels)."""
     import json
 
-    from harness.compare import compare_tensors
+    from harness.runtimes.arm import arm_logits_problem
     from harness.runtimes.native import prompt_logits
 
     root, manifest = bundle
@@ -120,9 +112,9 @@ def test_pi5_logits_native_runner(bundle, runner, emulated):
     where = emulated and f"qemu {emulated}" or device.board_model() or "this machine"
     for recipe, name in fx["pte"].items():
         got = prompt_logits(root / name, host["ids"], 2, runner)
-        problem = compare_tensors(host["recipes"][recipe], got, f"arm_vs_x86/{recipe}", f"{recipe} workstation x86_64",
-                                  f"{recipe} {manifest['runner']['arch']} ({where})",
-                                  f"a {len(host['ids'])}-token prefill")
+        problem = arm_logits_problem(host["recipes"][recipe], got, recipe, f"{recipe} workstation x86_64",
+                                     f"{recipe} {manifest['runner']['arch']} ({where})",
+                                     f"a {len(host['ids'])}-token prefill")
         assert problem is None, problem
 
 

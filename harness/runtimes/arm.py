@@ -265,3 +265,11 @@ def needed_libraries(path: Path) -> list[str]:
     if out.returncode != 0:
         raise HarnessError(f"readelf could not read {path} ({out.stderr.strip()[:120]})", "install binutils")
     return [line.split("[", 1)[1].split("]", 1)[0] for line in out.stdout.splitlines() if "(NEEDED)" in line]
+
+
+def arm_logits_problem(host, device, recipe: str, host_label: str, device_label: str, where: str) -> str | None:
+    """The one comparison of another ISA's logits with the x86 runner's on the same ``.pte``
+    (``arm_vs_x86/RECIPE`` in harness/tolerances.py): None within it, else one line naming both."""
+    from harness.compare import compare_tensors
+
+    return compare_tensors(host, device, f"arm_vs_x86/{recipe}", host_label, device_label, where)
