@@ -148,9 +148,13 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
     from harness.bench import device
     from harness.versions import library_versions
 
+    from harness.bench.host import host_info
+
     state = dict(BENCH_STATE)
     bw = state.get("bandwidth")
     output_json["harness"] = {
+        # the CPU, its ISA features, caches and thread placement: a rate is only comparable with these
+        "host": host_info(int(os.environ.get("HARNESS_BENCH_THREADS", 0) or os.cpu_count() or 1)),
         "board": device.board_model(),
         "governor": device.cpu_governor(),
         "throttled_before": state.get("throttled_before"),

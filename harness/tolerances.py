@@ -276,10 +276,13 @@ TOLERANCES: dict[str, Tolerance] = {
         measured=0.034,
     ),
     "bound/int8_embedding_half_step": Tolerance(
-        5e-8,
+        1.5e-7,
         "how far the INT8 per-layer embedding's error may exceed half a quantization step (the "
-        "analytic bound): only the float rounding of the dequantization itself: measured 2.4e-8; 2.1x.",
-        measured=2.4e-8,
+        "analytic bound): only the float rounding of the dequantization itself, at most about one "
+        "float32 ulp of the table's largest weight (|w| 0.641: 7.6e-8). Measured over every one of the "
+        "fixture's 1024 rows: 7.57e-8 (row 471); the ci profile's examples had seen only 2.4e-8, and "
+        "HYPOTHESIS_PROFILE=dev found row 471 past the old 5e-8. 2.0x.",
+        measured=7.57e-8,
     ),
     "bound/8da4w_linear": Tolerance(
         5e-43,

@@ -254,3 +254,68 @@ def test_the_report_prefers_the_paired_ratio():
     ratios = {r["runtime"]: r["ratio"] for r in rows(data)}
     assert ratios["executorch:8da4w-fast"] == 1.3  # paired, not 450 / 200
     assert ratios["executorch:8da4w"] == pytest.approx(0.75)  # unpaired: row over row
+
+
+# ---- the host in every figure (harness/bench/host.py) ---------------------------------------------
+ZEN3_CPUINFO = """processor	: 0
+vendor_id	: AuthenticAMD
+cpu family	: 25
+model		: 1
+model name	: AMD EPYC 7B13
+stepping	: 0
+flags		: fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi2
+
+processor	: 1
+flags		: avx512f
+"""
+PI5_CPUINFO = """processor	: 0
+BogoMIPS	: 108.00
+Features	: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp
+CPU implementer	: 0x41
+CPU architecture: 8
+CPU variant	: 0x4
+CPU part	: 0xd0b
+CPU revision	: 1
+"""
+
+
+def test_host_names_the_cpu_and_the_isa_its_kernels_can_use():
+    from harness.bench.host import parse_cpuinfo
+
+    zen3 = parse_cpuinfo(ZEN3_CPUINFO)
+    assert (zen3["model"], zen3["family"], zen3["model_number"], zen3["stepping"]) == ("AMD EPYC 7B13", 25, 1, 0)
+    assert zen3["isa"] == ["avx2", "f16c", "fma"]  # the second processor's avx512f is not the first's
+    pi5 = parse_cpuinfo(PI5_CPUINFO)
+    assert pi5["model"] == "Cortex-A76" and pi5["stepping"] == 1
+    assert pi5["isa"] == ["dotprod", "fp16", "neon", "rdm"]  # no i8mm, SVE or SME: the Pi 5's A76
+    assert parse_cpuinfo("")["model"] is None
+
+
+def test_host_reads_the_caches_and_says_them_in_one_line(tmp_path):
+    from harness.bench.host import caches, describe
+
+    for i, (level, kind, size, shared) in enumerate([(1, "Data", "32K", "0"), (1, "Instruction", "32K", "0"),
+                                                      (2, "Unified", "512K", "0"), (3, "Unified", "32768K", "0-7")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        for name, value in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+            (d / name).write_text(f"{value}\n")
+    found = caches(tmp_path)
+    assert [c["bytes"] for c in found] == [32 << 10, 32 << 10, 512 << 10, 32 << 20]
+    line = describe({"model": "AMD EPYC 7B13", "family": 25, "model_number": 1, "stepping": 0, "isa": ["avx2"],
+                     "caches": found, "threads": 2, "affinity": [0, 1, 2, 5]})
+    assert line == ("AMD EPYC 7B13 (family 25 model 1 stepping 0); ISA: avx2; L1 32 KiB, L2 512 KiB, "
+                    "L3 32 MiB (shared 0-7); 2 threads on CPUs 0-2,5")
+
+
+def test_the_report_names_the_host_that_measured_it():
+    from harness.bench.host import host_info
+    from harness.bench.report import markdown
+
+    data = {"benchmarks": [{"name": "x", "extra_info": {"runtime": "executorch-native:8da4w-fast", "kind": "executorch-native",
+                                                         "model": "bench", "recipe": "8da4w-fast", "decode_tok_s": 100.0,
+                                                         "prefill_tok_s": 900.0, "ttft_s": 0.02, "prompts": 5, "rounds": 3,
+                                                         "prompt_tokens": 32, "new_tokens": 64}}],
+            "harness": {"host": host_info(2)}}
+    text = markdown(data)
+    assert "ISA:" in text and "threads on CPUs" in text

@@ -94,6 +94,7 @@ def test_the_pi5_tier_runs_torch_free_under_emulation(fixture_bundle, tmp_path):
     assert all(r["emulated"] == "qemu cortex-a76" and r["model"] == "fixture" and r["decode_tok_s"] > 0 for r in rows)
     assert data["harness"]["emulated"] == "qemu cortex-a76"
     assert data["harness"]["bundle"]["runner"]["arch"] == "aarch64"
+    assert data["harness"]["host"]["machine"] == platform.machine() and data["harness"]["host"]["caches"]
     report = tmp_path / "pi5.json"
     rc, text, err = run_cli(["bench", "report", str(report), "--no-chart"])
     assert rc == 0, err

@@ -119,6 +119,10 @@ def markdown(data: dict) -> str:
         r = bundle["runner"]
         notes.append(f"native runner: the bundle's {r.get('arch')} build, sha256 {str(r.get('sha256'))[:16]}, "
                      f"{r.get('compiler')}, against {r.get('linked')}")
+    if h.get("host"):
+        from harness.bench.host import describe
+
+        cpu = describe(h["host"])
     notes.append(f"machine: {board}, {cpu}; governor {h.get('governor') or 'n/a'}"
                  + (f"; throttled before {h.get('throttled_before')} after {h.get('throttled_after')}"
                     if h.get("throttled_after") is not None else ""))
