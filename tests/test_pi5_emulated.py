@@ -145,3 +145,18 @@ def test_a_missing_qemu_named_by_option_says_so(fixture_bundle):
 
     with pytest.raises(HarnessError, match="no-such-qemu"):
         runner_prefix("aarch64", fixture_bundle / "runner/et_native", "cortex-a76", "no-such-qemu")
+
+
+def test_a_bundle_that_cannot_be_built_leaves_nothing_and_says_why(tmp_path, monkeypatch):
+    """No cross compiler: one line naming it and the apt command, and neither DIR nor DIR.partial
+    (a half-built bundle copied to a device would be refused there, but should not exist)."""
+    import shutil as sh
+
+    monkeypatch.delenv("HARNESS_CROSS_CXX", raising=False)
+    real_which = sh.which
+    monkeypatch.setattr(sh, "which", lambda name, *a, **k: None if "aarch64" in name else real_which(name, *a, **k))
+    rc, _, err = run_cli(["bench", "bundle", str(tmp_path / "bundle"), "--fixture-only"])
+    assert rc != 0 and "aarch64-linux-gnu-g++" in err and "apt-get install" in err
+    said = [line for line in err.splitlines() if not line.startswith("[harness]")]  # progress lines aside
+    assert len(said) == 1 and said[0].startswith("harness: error:"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -71,57 +71,61 @@ def build_bundle(out: Path, recipes: list[str] | None = None, with_gguf: bool = 
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    files: dict[str, str] = {}
+    try:  # a failure anywhere leaves neither DIR.partial nor a changed DIR
+        files: dict[str, str] = {}
 
-    def put(src: Path, name: str) -> str:
-        (staging / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, staging / name)
-        files[name] = sha256_file(staging / name)
-        return name
+        def put(src: Path, name: str) -> str:
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, staging / name)
+            files[name] = sha256_file(staging / name)
+            return name
 
-    progress(f"bundle: the native runner for {arch}")
-    runner = device_runner(arch)
-    put(runner, RUNNER)
-    os.chmod(staging / RUNNER, 0o755)
-    build = json.loads((runner.parent / "meta.json").read_text())
-    for name in build.get("libraries", {}):
-        put(runner.parent / "lib" / name, f"runner/lib/{name}")
+        progress(f"bundle: the native runner for {arch}")
+        runner = device_runner(arch)
+        put(runner, RUNNER)
+        os.chmod(staging / RUNNER, 0o755)
+        build = json.loads((runner.parent / "meta.json").read_text())
+        for name in build.get("libraries", {}):
+            put(runner.parent / "lib" / name, f"runner/lib/{name}")
 
-    fixture = Pipeline("fixture", "fp32", progress=progress)
-    put(fixture.loaded.directory / "tokenizer.json", "fixture-tokenizer.json")
-    tok = fixture.loaded.tokenizer
-    manifest: dict = {
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "libraries": library_versions(),
-        "runner": {"arch": arch, "path": RUNNER, "sha256": files[RUNNER],
-                   **{k: build.get(k) for k in ("compiler", "linked", "command")}},
-        "fixture": {"eos_ids": eos_ids(fixture.loaded), "max_new_tokens": 9, "pte": {}, "prompts": [],
-                    "sliding_window": int(fixture.loaded.config.sliding_window), "logits": LOGITS},
-        "bench": None,
-    }
-    for prompt in FIXTURE_PROMPTS:
-        text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-        manifest["fixture"]["prompts"].append({
-            "prompt": prompt, "templated": text, "ids": fixture.prompt_ids(prompt),
-            "goldens": {r: golden_ids(golden_recipe(r), "pte", prompt) for r in recipes},
-        })
-    long_ids = window_prompt([p["ids"] for p in manifest["fixture"]["prompts"]], manifest["fixture"]["sliding_window"])
-    logits: dict = {"ids": long_ids, "source": "this host's native runner (x86_64)", "recipes": {}}
-    for r in recipes:
-        pf = Pipeline("fixture", r, progress=progress)
-        manifest["fixture"]["pte"][r] = put(pf.pte_path, f"fixture-{r}.pte")
-        logits["recipes"][r] = prompt_logits(pf.pte_path, long_ids, 2, [str(native_runner())])
-    (staging / LOGITS).write_text(json.dumps(logits))
-    files[LOGITS] = sha256_file(staging / LOGITS)
-    if not fixture_only:
-        manifest["bench"] = _bench_section(put, recipes, with_gguf, progress)
-    manifest["checked"] = [check_bundle(staging, manifest, logits, cpu, progress) for cpu in CHECK_CPUS[arch]]
-    manifest["files"] = files
-    (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    read_manifest(staging)  # every file as recorded
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(staging, out)
+        fixture = Pipeline("fixture", "fp32", progress=progress)
+        put(fixture.loaded.directory / "tokenizer.json", "fixture-tokenizer.json")
+        tok = fixture.loaded.tokenizer
+        manifest: dict = {
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "libraries": library_versions(),
+            "runner": {"arch": arch, "path": RUNNER, "sha256": files[RUNNER],
+                       **{k: build.get(k) for k in ("compiler", "linked", "command")}},
+            "fixture": {"eos_ids": eos_ids(fixture.loaded), "max_new_tokens": 9, "pte": {}, "prompts": [],
+                        "sliding_window": int(fixture.loaded.config.sliding_window), "logits": LOGITS},
+            "bench": None,
+        }
+        for prompt in FIXTURE_PROMPTS:
+            text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+            manifest["fixture"]["prompts"].append({
+                "prompt": prompt, "templated": text, "ids": fixture.prompt_ids(prompt),
+                "goldens": {r: golden_ids(golden_recipe(r), "pte", prompt) for r in recipes},
+            })
+        long_ids = window_prompt([p["ids"] for p in manifest["fixture"]["prompts"]], manifest["fixture"]["sliding_window"])
+        logits: dict = {"ids": long_ids, "source": "this host's native runner (x86_64)", "recipes": {}}
+        for r in recipes:
+            pf = Pipeline("fixture", r, progress=progress)
+            manifest["fixture"]["pte"][r] = put(pf.pte_path, f"fixture-{r}.pte")
+            logits["recipes"][r] = prompt_logits(pf.pte_path, long_ids, 2, [str(native_runner())])
+        (staging / LOGITS).write_text(json.dumps(logits))
+        files[LOGITS] = sha256_file(staging / LOGITS)
+        if not fixture_only:
+            manifest["bench"] = _bench_section(put, recipes, with_gguf, progress)
+        manifest["checked"] = [check_bundle(staging, manifest, logits, cpu, progress) for cpu in CHECK_CPUS[arch]]
+        manifest["files"] = files
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        read_manifest(staging)  # every file as recorded
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return out
 
 
