@@ -35,7 +35,7 @@ def parse_cpuinfo(text: str) -> dict:
             if first:
                 break
             continue
-        key, _, value = line.partition(":")
+        key, value = (line.split(":", 1) + [""])[:2]
         first.setdefault(key.strip(), value.strip())
     if "flags" in first:  # x86
         flags = set(first["flags"].split())
