@@ -11,9 +11,10 @@ LIBRARIES = ("torch", "transformers", "torchao", "executorch", "tokenizers")
 
 
 @lru_cache(maxsize=None)
-def library_versions() -> dict[str, str]:
+def library_versions(libraries=None) -> dict[str, str]:
+    """Each library's installed version, or "absent" (default: LIBRARIES)."""
     out = {}
-    for lib in LIBRARIES:
+    for lib in libraries or LIBRARIES:
         try:
             out[lib] = metadata.version(lib)
         except metadata.PackageNotFoundError:

@@ -41,16 +41,10 @@ def fixture_sha256() -> str:
 
 def current_provenance(fixture_sha256_: str | None = None) -> dict:
     import platform
-    from importlib import metadata
 
-    from harness.versions import source_hash
+    from harness.versions import library_versions, source_hash
 
-    libs = {}
-    for lib in NUMERIC_LIBRARIES:
-        try:
-            libs[lib] = metadata.version(lib)
-        except metadata.PackageNotFoundError:
-            libs[lib] = "absent"
+    libs = library_versions(NUMERIC_LIBRARIES)
     return {
         **libs,
         "python": platform.python_version(),

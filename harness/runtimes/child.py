@@ -76,3 +76,29 @@ class LineProcess:
         proc = getattr(self, "_proc", None)
         if proc is not None and proc.poll() is None:
             proc.kill()
+
+
+class ChildRuntime:
+    """What a runtime that lives in a child process shares (mixed into a ``Runtime``): the child
+    started on ``cmd`` and its hello (``load_s``), its pid and return code, closing it, and the
+    refusal of logits, which only cross the pipe as ids and timings."""
+
+    owns_loop = True
+    logits_fix = "open the runtime in this process for logits"
+
+    def _start(self, cmd: list[str], label: str, timeout: float) -> None:
+        self._child = LineProcess(cmd, label, timeout)
+        self.pid = self._child.pid
+        self.load_s = self._child.hello["load_s"]
+
+    @property
+    def returncode(self):
+        return self._child.returncode
+
+    def _no_logits(self, keep_prefill_logits: bool, keep_logits: bool) -> None:
+        if keep_prefill_logits or keep_logits:
+            raise HarnessError(f"{self.kind} in a process of its own returns ids and timings, not logits",
+                               self.logits_fix)
+
+    def close(self) -> None:
+        self._child.close()

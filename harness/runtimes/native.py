@@ -24,6 +24,7 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.runtimes.base import Generation, Runtime, check_prompt, register
+from harness.runtimes.child import ChildRuntime
 
 SOURCES = ("et_native.cpp", "llama_kernels.cpp")
 # registration-only libraries first, kept by --no-as-needed: nothing references them by symbol
@@ -153,36 +154,22 @@ def prompt_logits(artifact, ids: list[int], threads: int = 2, runner: list[str] 
 
 
 @register
-class NativeRuntime(Runtime):
+class NativeRuntime(ChildRuntime, Runtime):
     """The ``.pte`` through the native runner, a program of its own driven over its stdin/stdout
     (``--serve``): it owns its greedy loop (C++) and times it; it runs a fixed number of tokens,
     cut here after the first EOS."""
 
     kind = "executorch-native"
-    owns_loop = True
+    logits_fix = "use prompt_logits() for a prompt's logits"
 
     def __init__(self, artifact, threads: int | None = None, timeout: float = 900, runner: list[str] | None = None):
-        from harness.runtimes.child import LineProcess
-
         self.artifact, self.threads = artifact, int(threads or os.cpu_count() or 1)
-        self._child = LineProcess(native_command(artifact, self.threads, ["--serve"], runner),
-                                  f"{self.kind} on {artifact}", timeout)
-        self.pid = self._child.pid
-        self.load_s = self._child.hello["load_s"]
-
-    @property
-    def returncode(self):
-        return self._child.returncode
+        self._start(native_command(artifact, self.threads, ["--serve"], runner), f"{self.kind} on {artifact}", timeout)
 
     def generate(self, prompt_ids, max_new_tokens: int, eos_ids=frozenset(), keep_prefill_logits: bool = False,
                  keep_logits: bool = False) -> Generation:
-        if keep_prefill_logits or keep_logits:
-            raise HarnessError("the native runner returns ids and timings, not logits",
-                               "use prompt_logits() for a prompt's logits")
+        self._no_logits(keep_prefill_logits, keep_logits)
         ids = check_prompt(prompt_ids, max_new_tokens, None, None)
         s = self._child.ask({"prompt": ids, "new_tokens": int(max_new_tokens)})["sample"]
         gen = Generation(prompt_ids=ids, ids=list(s["ids"]), ttft_s=s["ttft_s"], decode_s=s["decode_s"])
         return gen.cut_at_eos(frozenset(int(e) for e in eos_ids)) if eos_ids else gen
-
-    def close(self) -> None:
-        self._child.close()

@@ -23,38 +23,25 @@ import sys
 from harness.errors import HarnessError
 from harness.rss import peak_rss_mb, rss_mb
 from harness.runtimes.base import Generation, Runtime
-from harness.runtimes.child import LineProcess, run_json
+from harness.runtimes.child import ChildRuntime, run_json
 
 
-class ProcessRuntime(Runtime):
+class ProcessRuntime(ChildRuntime, Runtime):
     """Any registered runtime, in a ``python -m harness.runtimes.process serve`` child."""
-
-    owns_loop = True
 
     def __init__(self, kind: str, artifact, threads: int = 1, timeout: float = 900):
         self.kind, self.artifact, self.threads = kind, artifact, threads
-        cmd = [sys.executable, "-m", "harness.runtimes.process", "serve", kind, str(artifact), str(threads)]
-        self._child = LineProcess(cmd, f"{kind} on {artifact}", timeout)
-        self.pid = self._child.pid
-        self.load_s = self._child.hello["load_s"]
-
-    @property
-    def returncode(self):
-        return self._child.returncode
+        self._start([sys.executable, "-m", "harness.runtimes.process", "serve", kind, str(artifact), str(threads)],
+                    f"{kind} on {artifact}", timeout)
 
     def generate(self, prompt_ids, max_new_tokens: int, eos_ids=frozenset(), keep_prefill_logits: bool = False,
                  keep_logits: bool = False) -> Generation:
-        if keep_prefill_logits or keep_logits:
-            raise HarnessError("a runtime in its own process returns ids and timings, not logits",
-                               "open the runtime in this process for logits")
+        self._no_logits(keep_prefill_logits, keep_logits)
         reply = self._child.ask({"prompt": [int(i) for i in prompt_ids], "new_tokens": int(max_new_tokens),
                                  "eos_ids": sorted(int(e) for e in eos_ids)})
         if "error" in reply:
             raise HarnessError(f"{self.kind} on {self.artifact}: {reply['error']}", reply.get("fix", "see the message"))
         return Generation(**reply["generation"])
-
-    def close(self) -> None:
-        self._child.close()
 
 
 def isolated(kind: str, artifact, threads: int = 1, timeout: float = 900, runner: list[str] | None = None) -> Runtime:
