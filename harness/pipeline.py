@@ -38,7 +38,7 @@ class Pipeline(BuildPipeline):
         if stage == "eager":
             from harness.runtimes.pytorch import EagerRuntime
 
-            model = self.quantized if quantized else self.loaded.model
+            model = self.quantized if quantized else self.fp32_model
             return EagerRuntime(model, settings=self.settings, export=self.recipe.export if quantized else "hf")
         if stage == "exported":
             from harness.runtimes.pytorch import ExportedRuntime
@@ -84,7 +84,7 @@ class Pipeline(BuildPipeline):
         import torch
 
         ids = self.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
-        model = self.quantized if quantized else self.loaded.model
+        model = self.quantized if quantized else self.fp32_model
         eos = eos_ids(self.loaded)
         with torch.no_grad():
             out = model.generate(

@@ -17,6 +17,10 @@ class Recipe:
     export: str = "hf"  # "hf": transformers' exportable wrapper; "fast": harness/build/fast.py (custom ops)
     description: str = ""
 
+    @property
+    def quantizes(self) -> bool:
+        return any(x is not None for x in (self.linear, self.per_layer_embedding, self.embedding))
+
     def as_dict(self) -> dict:
         return asdict(self)
 

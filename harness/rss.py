@@ -23,3 +23,19 @@ def rss_mb() -> float:
     import psutil
 
     return psutil.Process().memory_info().rss / (1 << 20)
+
+
+def return_freed_memory() -> None:
+    """Hand freed heap pages back to the system: glibc keeps freed tensors under its mmap
+    threshold (32 MB at most; most of a model's weights) in its arenas, where they still count as
+    resident, so a released 5 GB model would stay in every later stage's peak."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass

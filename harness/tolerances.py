@@ -373,6 +373,29 @@ TOLERANCES: dict[str, Tolerance] = {
         "value taken here until the bench tier is re-measured on it: 3.1x.",
         measured=0.081,
     ),
+    "scale/pte_vs_eager/8da4w-fast": Tolerance(
+        0.5,
+        "the scale tier on a real E2B checkpoint: the .pte against eager on the same quantized model, "
+        "prompt past the sliding window; as bench/pte_vs_eager/8da4w-fast until real weights are measured "
+        "here (0.085 on the random benchmark model, whose 4 layers are not chaotic); 5.9x.",
+        measured=0.085,
+    ),
+    "scale/pte_vs_eager_over_nudge": Tolerance(
+        1.5,
+        "a ratio, on a generated (random-weight) E2B-shaped checkpoint: the .pte's max logit difference "
+        "from eager over how far a 1e-6 nudge of the embeddings moves eager itself. Random weights through "
+        "35 layers of dynamic INT8 activations are chaotic: on 2026-12-04 a 16-token prompt gave .pte vs "
+        "eager 2.80 and the nudge 2.76 (logit std 0.79, correlation 0.71 both), a ratio of 1.015; 1.5x.",
+        measured=1.015,
+    ),
+    "preflight/scale": Tolerance(
+        0.23,
+        "relative error of the streamed pre-flight (fitted: the fixture's streamed peaks fix each stage's "
+        "base, the E2B-shaped checkpoint's the slope) against a stage's measured peak at E2B size. Four "
+        "runs of the same stages on 2026-12-04 spread by up to 2.3% (export 14.31-14.95 GB, load+quantize "
+        "11.76-11.91 GB): the measured value; 10x.",
+        measured=0.023,
+    ),
     # (new entries go above this line)
 }
 

@@ -44,3 +44,28 @@ def test_sealing_twice_changes_nothing(pipeline):
     data = pipeline("fp32").pte_path.read_bytes()
     assert seal(data) == data
     assert seal(data[:-SEAL_LEN]) == data
+
+
+def test_a_program_streamed_to_disk_is_the_bytes_sealed(pipeline, tmp_path):
+    """write_pte streams a program manager piece by piece (its joined ``buffer`` is one more copy
+    of the whole program, 4 GB at E2B size), hashing as it writes: the file must be exactly the
+    sealed bytes, and a copy of a sealed .pte must be the same file, with or without its seal."""
+    from harness.build.pte import write_pte
+
+    data = pipeline("fp32").pte_path.read_bytes()
+    body = data[:-SEAL_LEN]
+
+    class Pieces:  # what write_pte needs of ExecuTorch's program manager, in uneven pieces
+        _pte_data = body
+
+        def write_to_file(self, f):
+            for start in range(0, len(body), 1 << 20 | 7):
+                f.write(body[start:start + (1 << 20 | 7)])
+
+    streamed = write_pte(Pieces(), tmp_path / "streamed.pte")
+    assert streamed.read_bytes() == data
+    unsealed = tmp_path / "unsealed.pte"
+    unsealed.write_bytes(body)
+    assert write_pte(unsealed, tmp_path / "copied.pte").read_bytes() == data
+    assert write_pte(streamed, tmp_path / "copied-sealed.pte").read_bytes() == data
+    assert write_pte(body, tmp_path / "from-bytes.pte").read_bytes() == data

@@ -20,6 +20,9 @@ from harness.program import ExportSettings, runner_metadata
 from harness.recipes import Recipe, get_recipe
 
 
+STREAM_ABOVE_BYTES = 4 << 30  # FP32 bytes past which a quantizing build streams by default
+
+
 @lru_cache(maxsize=4)
 def shared_model(spec: str) -> LoadedModel:
     """One FP32 load per model spec per process; stages copy before they mutate."""
@@ -41,8 +44,10 @@ class BuildPipeline:
         settings: ExportSettings | None = None,
         cache: ArtifactCache | None = None,
         progress=None,
+        stream: bool | None = None,
     ):
         self._model_spec = model
+        self._stream = stream
         self.recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
         self.settings = settings or ExportSettings()
         self.cache = cache or ArtifactCache()
@@ -50,18 +55,59 @@ class BuildPipeline:
         self.progress = progress or (lambda msg: None)
 
     @cached_property
+    def streamed(self) -> bool:
+        """Whether the checkpoint is read and quantized module by module (harness/build/stream.py)
+        instead of loaded whole in FP32 and then quantized: asked for, or by default for a quantizing
+        recipe on a checkpoint directory whose FP32 weights exceed ``STREAM_ABOVE_BYTES``. The model
+        is the same bit for bit; only the FP32 model is never held (no FP32 stages then)."""
+        if self._stream is not None:
+            return bool(self._stream)
+        from harness.models.size import model_size
+        from harness.models.spec import resolve
+
+        spec = self._model_spec
+        if isinstance(spec, LoadedModel) or resolve(spec).kind != "directory" or not self.recipe.quantizes:
+            return False
+        return model_size(spec).fp32_bytes > STREAM_ABOVE_BYTES
+
+    @cached_property
     def loaded(self) -> LoadedModel:
         t0 = time.time()
         spec = self._model_spec
+        if self.streamed:
+            return self._stream_load()
         loaded = spec if isinstance(spec, LoadedModel) else shared_model(str(spec))
         self.records["load"] = StageRecord(time.time() - t0, param_bytes(loaded.model))
         return loaded
+
+    def _stream_load(self) -> LoadedModel:
+        from harness.build.stream import load_quantized
+        from harness.models.load import load_directory_meta
+
+        t0 = time.time()
+        self.progress(f"loading and quantizing {self._model_spec} [{self.recipe.name}] module by module ...")
+        model, self.quant_summary = load_quantized(self._model_spec, self.recipe, progress=self.progress)
+        self.records["load+quantize"] = StageRecord(time.time() - t0, param_bytes(model))
+        return load_directory_meta(self._model_spec, model, quantized=self.recipe.name)
+
+    @property
+    def fp32_model(self):
+        """The FP32 model, which a streamed pipeline never holds."""
+        if self.streamed:
+            from harness.errors import HarnessError
+
+            raise HarnessError(f"{self._model_spec} was loaded quantized ({self.recipe.name}, streamed): "
+                               "there is no FP32 model to run", "run the recipe's own stages, or use a "
+                               "machine that holds the FP32 model and pass stream=False")
+        return self.loaded.model
 
     @cached_property
     def quantized(self):
         """The recipe applied to a copy of the FP32 model (the FP32 model itself for ``fp32``)."""
         from harness.build.quantize import quantize
 
+        if self.streamed:
+            return self.loaded.model
         t0 = time.time()
         model, self.quant_summary = quantize(self.loaded.model, self.recipe)
         model.requires_grad_(False)
@@ -119,13 +165,33 @@ class BuildPipeline:
         def build(path: Path):
             self.progress(f"lowering {self.loaded.name} [{self.recipe.name}] to XNNPACK (minutes) ...")
             t0 = time.time()
-            program, report = lower(self.exported, self.recipe,
-                                    runner_metadata(self.loaded, self.settings, self.recipe))
+            exported = [self.exported]  # lower() lets go of it once lowered; reloaded if asked for again
+            self.__dict__.pop("exported", None)
+            program, report = lower(exported, self.recipe, runner_metadata(self.loaded, self.settings, self.recipe))
             lower_s = time.time() - t0
-            write_pte(program.buffer, path)
+            box = [program]  # write_pte lets go of the program before it reloads the file to verify
+            del program
+            write_pte(box, path)
             return {"lower_seconds": round(lower_s, 2), "ops": report.as_dict()}
 
         return self._built("pte", "model.pte", build)
+
+    def release_model(self) -> None:
+        """Free the in-memory model's tensors once the verified ``.pt2`` holds the program (the
+        lowering reads the reload): at E2B size the quantized model is 5 GB that lowering does not
+        need. Its config and generation settings stay for the cache keys and runner metadata; the
+        eager stages are gone from this pipeline afterwards."""
+        import gc
+
+        self.pt2_path
+        for module in self.quantized.modules():
+            for name in list(module._parameters):
+                module._parameters[name] = None
+        self.__dict__["released"] = True
+        gc.collect()
+        from harness.rss import return_freed_memory
+
+        return_freed_memory()
 
     @property
     def lower_report(self) -> dict:

@@ -58,6 +58,24 @@ PER_BYTE = {
     "8da4w": {"load": 1.0, "quantize": 2.4, "export": 2.5, "lower": 3.25},
 }
 
+# Streamed (harness/build/stream.py), each stage's own peak: BASE + PER_BYTE x the quantized model's
+# bytes (ModelSize.quantized_bytes, which counts the token table in FP32, as it is held while its
+# two quantized uses are made). The fixture's streamed peaks fix the bases, the E2B-shaped
+# checkpoint's the slopes (SCALE_CALIBRATION, ``python -m harness.bench.scale stages DIR RECIPE``):
+#  - quantize: the quantized model, plus the FP32 token table and torchao's temporaries while
+#    lm_head and the table are quantized from it (1.87);
+#  - export: the model, torch.export's tracing, the pickled .pt2 and its verification reload (2.29);
+#  - lower: the reloaded program, XNNPACK's copies of each partition and its packed weights, the
+#    emitter's constant bytes (2.49); the serialized program is streamed to disk, never joined.
+STREAMED_BASE_MIB = {"quantize": 405, "export": 542, "lower": 709}
+STREAMED_PER_BYTE = {"quantize": 1.87, "export": 2.29, "lower": 2.49}
+# Each stage's own peak RSS in GB (10^9 bytes), VmHWM reset between stages, empty artifact cache:
+# the fixture (quantized bytes 5.9 MB as counted) and the E2B-shaped checkpoint (6.13 GB), 8da4w-fast.
+SCALE_CALIBRATION = {
+    ("fixture", "8da4w-fast"): {"quantize": 0.425, "export": 0.568, "lower": 0.743},
+    ("e2b-shape", "8da4w-fast"): {"quantize": 11.88, "export": 14.61, "lower": 16.03},
+}
+
 # Measured peak RSS in MB (10^6 bytes) of a fresh process through each stage, empty artifact cache
 # (``python -m harness.build.preflight measure SPEC RECIPE``; VmHWM), on this project's machine:
 # x86_64, 2 cores, torch 2.13.0, executorch 1.5.1, torchao 0.18.0, transformers 5.24.0.
@@ -91,11 +109,17 @@ def _recipe(recipe) -> Recipe:
     return get_recipe(recipe) if isinstance(recipe, str) else recipe
 
 
-def estimate(size: ModelSize, recipe, stage: str = "lower") -> Estimate:
-    """Peak RSS of a fresh process through ``stage`` (cumulative: load, quantize, export, lower)."""
+def estimate(size: ModelSize, recipe, stage: str = "lower", streamed: bool = False) -> Estimate:
+    """Peak RSS of a fresh process through ``stage`` (cumulative: load, quantize, export, lower);
+    ``streamed``: the stage's own peak when the checkpoint is loaded quantized module by module
+    (harness/build/stream.py), a multiple of the quantized model's bytes."""
     r = _recipe(recipe)
     if stage not in STAGES:
         raise ValueError(f"stage {stage!r} not in {STAGES}")
+    if streamed and r.quantizes:
+        stage = "quantize" if stage == "load" else stage
+        peak = STREAMED_BASE_MIB[stage] * MiB + STREAMED_PER_BYTE[stage] * size.quantized_bytes(r)
+        return Estimate(size, r.name, stage, int(peak))
     kind = "fp32" if r.linear is None and r.per_layer_embedding is None else "8da4w"
     peak = BASE_MIB[kind][stage] * MiB + PER_BYTE[kind][stage] * size.fp32_bytes
     return Estimate(size, r.name, stage, int(peak))
@@ -128,10 +152,10 @@ def skip_requested(skip: bool = False) -> bool:
 
 
 def check(size: ModelSize, recipe, stage: str = "lower", skip: bool = False,
-          available: int | None = None, rss: int | None = None) -> Estimate:
+          available: int | None = None, rss: int | None = None, streamed: bool = False) -> Estimate:
     """Refuse (HarnessError, one line) if the estimated peak through ``stage`` needs more memory
     than is available now, beyond what this process already holds."""
-    est = estimate(size, recipe, stage)
+    est = estimate(size, recipe, stage, streamed=streamed)
     if skip_requested(skip):
         return est
     avail = available_memory() if available is None else available
@@ -161,7 +185,8 @@ def checked_pipeline(model, recipe, settings=None, progress=None, until: str = "
         def memory_check(self, stage: str) -> None:
             if skip_requested(skip):
                 return
-            check(self.model_size, self.recipe, stage)
+            check(self.model_size, self.recipe, "quantize" if self.streamed and stage == "load" else stage,
+                  streamed=self.streamed)
 
         def _cached(self, stage: str, filename: str) -> bool:
             return (self.cache.entry(stage, self._key(stage)) / filename).is_file()

@@ -83,7 +83,7 @@ def cmd_demo(args) -> int:
         return 1
     print("\nverify: the .pte answer equals HF generate (FP32), token for token")
     if args.out:
-        write_pte(pipe.pte_path.read_bytes(), Path(args.out))
+        write_pte(pipe.pte_path, Path(args.out))
     return 0
 
 
@@ -105,7 +105,7 @@ def cmd_export(args) -> int:
     check_writable(out, need_bytes=disk_estimate(model_size(args.model), args.recipe)["pte"])  # before minutes of work
     pipe = checked_pipeline(args.model, args.recipe, ExportSettings(max_context=args.max_context),
                             progress=_progress, skip=args.skip_memory_check)
-    write_pte(pipe.pte_path.read_bytes(), out)
+    write_pte(pipe.pte_path, out)
     rows = [[s, f"{r.seconds:.2f}", _fmt_bytes(r.bytes), "cache" if r.cached else ""] for s, r in pipe.records.items()]
     print(_table(rows, ["stage", "seconds", "size", "from"]))
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")

@@ -123,6 +123,18 @@ def load_directory(directory: Path, name: str | None = None, identity: str | Non
     )
 
 
+def load_directory_meta(directory, model, **meta) -> LoadedModel:
+    """A ``LoadedModel`` around a model built elsewhere from ``directory`` (the streaming quantized
+    load): the directory's tokenizer, identity and generation config, and ``meta`` saying how."""
+    from transformers import GenerationConfig
+
+    directory = Path(directory)
+    if (directory / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(str(directory))
+    return LoadedModel(model=model, tokenizer=_load_tokenizer(directory), name=str(directory),
+                       identity=_dir_identity(directory), directory=directory, meta=dict(meta))
+
+
 def _load_text_decoder_from_multimodal(directory: Path, raw: dict, config_cls, model_cls):
     """The text decoder of a multimodal snapshot (``model.language_model.*``, or the older
     ``language_model.model.*``), through transformers' own loader with a key mapping: it reads the

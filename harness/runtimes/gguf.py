@@ -304,33 +304,41 @@ def _builder_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def gguf_for(model, kind: str = "f32", cache: ArtifactCache | None = None, progress=None) -> Path:
-    """The cached GGUF of ``model`` (a spec or a directory): ``f32`` (converted) or a llama.cpp
-    quantization of it (``q4_0``, ...). Keyed by the directory's content, the kind, the
-    llama-cpp-python version (= the converter's) and this module's source."""
+def gguf_for(model, kind: str = "f32", cache: ArtifactCache | None = None, progress=None,
+             source: str = "f32") -> Path:
+    """The cached GGUF of ``model`` (a spec or a directory): ``f32`` or ``bf16`` (converted), or a
+    llama.cpp quantization (``q4_0``, ...) of the ``source`` conversion (``bf16`` for a BF16
+    checkpoint too large to widen: E2B's F32 GGUF is 18.5 GB). Keyed by the directory's content,
+    the kind (and a non-F32 source), the llama-cpp-python version (= the converter's) and this
+    module's source."""
     from harness.models.load import _dir_identity
 
-    if kind not in ("f32",) + tuple(QUANT_TYPES):
-        raise HarnessError(f"unknown GGUF kind {kind!r}", f"use f32 or one of {', '.join(QUANT_TYPES)}")
+    converted = ("f32", "bf16")
+    if kind not in converted + tuple(QUANT_TYPES):
+        raise HarnessError(f"unknown GGUF kind {kind!r}", f"use f32, bf16 or one of {', '.join(QUANT_TYPES)}")
+    if source not in converted:
+        raise HarnessError(f"unknown GGUF source {source!r}", "quantize from f32 or bf16")
     hf_dir = resolve_model_dir(model)
     check_convertible(hf_dir)
     cache = cache or ArtifactCache()
     version = llama_cpp_version()
-    key = cache_key("gguf", model=_dir_identity(hf_dir), kind=kind, llama_cpp_python=version, builder=_builder_hash())
-    if kind == "f32":
+    extra = {"source": source} if kind not in converted and source != "f32" else {}
+    key = cache_key("gguf", model=_dir_identity(hf_dir), kind=kind, llama_cpp_python=version, builder=_builder_hash(),
+                    **extra)
+    if kind in converted:
         def build(path: Path):
             t0 = time.perf_counter()
-            convert(hf_dir, path, "f32", progress=progress)
+            convert(hf_dir, path, kind, progress=progress)
             return {"convert_seconds": round(time.perf_counter() - t0, 2), "llama_cpp_python": version,
                     "model_dir": str(hf_dir)}
     else:
         def build(path: Path):
-            src = gguf_for(model, "f32", cache=cache, progress=progress)
+            src = gguf_for(model, source, cache=cache, progress=progress)
             (progress or (lambda m: None))(f"quantizing {src.name} to {kind} with llama.cpp ...")
             t0 = time.perf_counter()
             quantize(src, path, kind)
             return {"quantize_seconds": round(time.perf_counter() - t0, 2), "llama_cpp_python": version,
-                    "model_dir": str(hf_dir)}
+                    "model_dir": str(hf_dir), "source": source}
     path = cache.get_or_build(f"gguf-{kind}", key, f"model-{kind}.gguf", build)
     check_gguf(path)  # cheap (the header and tensor table), and puts the vendored gguf-py on sys.path
     return path

@@ -1,0 +1,45 @@
+"""Lowering at E2B size must fit a 16 GB laptop (tests/test_scale.py measures it): the lowering lets
+go of the exported program and of the weights XNNPACK has already packed, and the program is
+streamed to disk instead of joined into one more copy. None of that may change a byte of the
+program: the fixture's .pte lowered without the drop must equal the cached one, lowered with it."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.mac
+
+
+def test_dropping_the_packed_weights_changes_no_byte_of_the_program(pipeline, tmp_path):
+    from harness.build.lower import drop_delegated_weights, lower
+    from harness.build.pte import write_pte
+    from harness.program import runner_metadata
+
+    pipe = pipeline("fp32")
+    kept, _ = lower(pipe.exported, pipe.recipe, runner_metadata(pipe.loaded, pipe.settings, pipe.recipe),
+                    drop_weights=False)
+    written = write_pte(kept, tmp_path / "kept.pte")
+    assert written.read_bytes() == pipe.pte_path.read_bytes(), "the weight drop changed the program"
+
+
+def test_the_drop_lets_go_of_every_delegated_weight(pipeline):
+    """The regression it names: the drop finding nothing (a renamed attribute, a Parameter type
+    check) and the memory staying held, silently."""
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+    from executorch.exir.lowered_backend_module import get_lowered_submodules
+
+    from harness.build.lower import drop_delegated_weights
+
+    pipe = pipeline("fp32")
+    edge = to_edge_transform_and_lower(pipe.exported, partitioner=[XnnpackPartitioner()],
+                                       compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    lowered = [m for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module)]
+    held = sum(t.numel() * t.element_size() for m in lowered
+               for t in list(m.original_module.state_dict.values()) + list(m.original_module.constants.values())
+               if isinstance(t, torch.Tensor))
+    assert held > 1_000_000  # the fixture's linears, FP32
+    assert drop_delegated_weights(edge) == held
+    assert all(t.untyped_storage().nbytes() <= t.element_size() for m in lowered
+               for t in m.original_module.state_dict.values())

@@ -1,0 +1,55 @@
+"""The scale tier's instruments, checked in the mac tier on small inputs: each stage's own peak
+(VmHWM reset between stages), the Pi 5 projection's arithmetic, and the GGUF kinds the tier asks
+llama.cpp for."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.errors import HarnessError
+
+pytestmark = pytest.mark.mac
+
+
+def test_a_stage_peak_is_its_own_not_the_process_high_water_mark():
+    """The regression it names: a later stage reported with an earlier stage's bigger peak."""
+    from harness.bench.scale import reset_peak
+    from harness.rss import peak_rss_mb
+
+    big = bytearray(300 << 20)
+    big[::4096] = b"x" * len(big[::4096])  # touch every page
+    before = peak_rss_mb()
+    del big
+    if not reset_peak():
+        pytest.skip("this kernel has no /proc/self/clear_refs")
+    assert peak_rss_mb() < before - 200, "the peak did not reset: every later stage would carry 300 MB"
+
+
+def test_the_pi5_projection_is_bandwidth_over_bytes_times_the_measured_share():
+    from harness.bench.scale import PI5_BANDWIDTH_GB_S, pi5_projection
+
+    assert pi5_projection(int(1.707e9), 1.0) == pytest.approx(10.0)
+    assert pi5_projection(int(1.707e9), 0.5) == pytest.approx(5.0)
+    assert PI5_BANDWIDTH_GB_S == 17.07
+
+
+@pytest.mark.parametrize("kind,source,match", [("q3_k", "f32", "unknown GGUF kind"),
+                                                ("q4_0", "q8_0", "unknown GGUF source")])
+def test_an_unknown_gguf_kind_or_source_is_refused_in_one_line(kind, source, match):
+    from harness.runtimes.gguf import gguf_for
+
+    with pytest.raises(HarnessError, match=match):
+        gguf_for("fixture", kind, source=source)
+
+
+def test_the_streamed_preflight_counts_the_quantized_model_not_fp32():
+    """Streamed, E2B's 8da4w-fast build fits where the whole FP32 load cannot: the estimate is a
+    multiple of the quantized bytes, and fp32 (nothing to stream) keeps the FP32 estimate."""
+    from harness.build.preflight import estimate
+    from harness.models.size import ModelSize
+
+    e2b = ModelSize("e2b", 4_628_569_344, 1_877_000_000, 2_348_810_240, "the E2B shape")
+    for stage in ("quantize", "export", "lower"):
+        assert estimate(e2b, "8da4w-fast", stage, streamed=True).peak_bytes < 16 << 30
+        assert estimate(e2b, "8da4w-fast", stage).peak_bytes > 16 << 30
+    assert estimate(e2b, "fp32", "lower", streamed=True) == estimate(e2b, "fp32", "lower")
