@@ -102,9 +102,10 @@ def cmd_export(args) -> int:
     get_recipe(args.recipe)
     from harness.build.preflight import checked_pipeline, disk_estimate, model_size
 
-    check_writable(out, need_bytes=disk_estimate(model_size(args.model), args.recipe)["pte"])  # before minutes of work
     pipe = checked_pipeline(args.model, args.recipe, ExportSettings(max_context=args.max_context),
                             progress=_progress, skip=args.skip_memory_check)
+    pipe.memory_check("lower")  # memory first (a machine's fixed limit), then disk, before minutes of work
+    check_writable(out, need_bytes=disk_estimate(model_size(args.model), args.recipe)["pte"])
     write_pte(pipe.pte_path, out)
     rows = [[s, f"{r.seconds:.2f}", _fmt_bytes(r.bytes), "cache" if r.cached else ""] for s, r in pipe.records.items()]
     print(_table(rows, ["stage", "seconds", "size", "from"]))
