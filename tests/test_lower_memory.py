@@ -10,7 +10,13 @@ import pytest
 pytestmark = pytest.mark.mac
 
 
-def test_dropping_the_packed_weights_changes_no_byte_of_the_program(pipeline, tmp_path):
+def test_dropping_the_packed_weights_changes_no_byte_and_lets_go_of_every_one(pipeline, tmp_path):
+    """One lowering serves both checks: kept (no drop) it must write the cached program byte for
+    byte; then the drop run on it must let go of every delegated weight (the regression: the drop
+    finding nothing, a renamed attribute or a Parameter type check, and the memory staying held)."""
+    import torch
+    from executorch.exir.lowered_backend_module import get_lowered_submodules
+
     from harness.build.lower import drop_delegated_weights, lower
     from harness.build.pte import write_pte
     from harness.program import runner_metadata
@@ -21,25 +27,11 @@ def test_dropping_the_packed_weights_changes_no_byte_of_the_program(pipeline, tm
     written = write_pte(kept, tmp_path / "kept.pte")
     assert written.read_bytes() == pipe.pte_path.read_bytes(), "the weight drop changed the program"
 
-
-def test_the_drop_lets_go_of_every_delegated_weight(pipeline):
-    """The regression it names: the drop finding nothing (a renamed attribute, a Parameter type
-    check) and the memory staying held, silently."""
-    import torch
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
-    from executorch.exir.lowered_backend_module import get_lowered_submodules
-
-    from harness.build.lower import drop_delegated_weights
-
-    pipe = pipeline("fp32")
-    edge = to_edge_transform_and_lower(pipe.exported, partitioner=[XnnpackPartitioner()],
-                                       compile_config=EdgeCompileConfig(_check_ir_validity=False))
-    lowered = [m for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module)]
+    lowered = [m for _, m, _ in get_lowered_submodules(kept.exported_program().graph_module)]
     held = sum(t.numel() * t.element_size() for m in lowered
                for t in list(m.original_module.state_dict.values()) + list(m.original_module.constants.values())
                if isinstance(t, torch.Tensor))
     assert held > 1_000_000  # the fixture's linears, FP32
-    assert drop_delegated_weights(edge) == held
+    assert drop_delegated_weights(kept) == held
     assert all(t.untyped_storage().nbytes() <= t.element_size() for m in lowered
                for t in m.original_module.state_dict.values())
