@@ -69,6 +69,30 @@ def needs_llama_cpp():
                     "(with CI set, test_llama_cpp_is_installed fails)")
 
 
+def test_a_build_with_amx_kernels_is_refused_with_the_rebuild_command(monkeypatch):
+    """The regression: llama.cpp built with -march=native on an Intel AMX host runs Q4_0 through
+    its AMX kernels and segfaults on the first decode (2026-12-05), killing the test process. Such a
+    build is refused in one line that says how to rebuild it; a build without them (what tox.ini
+    makes, cmake/llamacpp-no-amx.cmake) or the explicit override passes."""
+    amx = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | REPACK = 1 | "
+    problem = S.amx_problem(amx, env={})
+    assert problem is not None and "AMX_INT8 = 1" in problem and "\n" not in problem
+    assert S.amx_problem(amx.replace("AMX_INT8 = 1 | ", ""), env={}) is None
+    assert S.amx_problem(amx, env={"HARNESS_LLAMACPP_AMX": "1"}) is None
+
+    class AmxBuild:  # the binding as such a build reports itself
+        @staticmethod
+        def llama_print_system_info():
+            return amx.encode()
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", AmxBuild)
+    monkeypatch.delenv("HARNESS_LLAMACPP_AMX", raising=False)
+    found = S.llama_cpp_import_problem()
+    assert found is not None and "AMX" in found and "llamacpp-no-amx.cmake" in found and "\n" not in found
+    kind, reason = S.missing_llama_cpp_verdict(found, {"CI": "true"})
+    assert kind == "fail" and "--force-reinstall" in reason
+
+
 def test_missing_llama_cpp_fails_in_ci_and_skips_elsewhere(monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # what an environment without it sees
     problem = S.llama_cpp_import_problem()

@@ -142,6 +142,99 @@ def test_norms_that_grow_the_stream_fail_the_activation_check(tmp_path, monkeypa
     assert problem is not None and "grows past" in problem, problem
 
 
+def nudge_gain(config: dict) -> float:
+    """How many times a 1e-6 relative nudge of the token embeddings grows by the last position's
+    logits (max |difference| over the nudge times max |logit|), in FP32 on a model holding the
+    writer's own weights (``random_weights``) for ``config``: about 1 for a network that carries
+    rounding as rounding, thousands for a chaotic one."""
+    import torch
+    from transformers import Gemma4TextConfig
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4ForCausalLM
+
+    from harness.models.checkpoint import TEXT_PREFIX
+    from harness.training.synthetic import random_weights
+
+    with torch.device("meta"):
+        model = Gemma4ForCausalLM(Gemma4TextConfig(**{k: v for k, v in config.items() if k != "model_type"}))
+    weights = {"model." + name[len(TEXT_PREFIX):]: t.float() for name, t in random_weights(config, seed=0)}
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    model.load_state_dict(weights, assign=True, strict=False)
+    for name, buf in list(model.named_buffers()):  # the non-persistent ones stay on meta: rebuild them
+        if buf.is_meta:
+            owner, leaf = model.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2]
+            owner.register_buffer(leaf, torch.zeros(buf.shape, dtype=buf.dtype), persistent=False)
+    model.model.rotary_emb.__init__(model.config)
+    for module in model.modules():
+        if hasattr(module, "embed_scale") and hasattr(module, "scalar_embed_scale"):
+            module.embed_scale.fill_(module.scalar_embed_scale)
+    model.eval()
+    ids = torch.arange(4, 4 + 40).unsqueeze(0) * 7 % int(config["vocab_size"])
+
+    def last_logits(nudge: float):
+        hook = model.model.embed_tokens.register_forward_hook(lambda m, i, o: o * nudge)
+        try:
+            with torch.no_grad():
+                return model(ids, use_cache=False).logits[0, -1].double()
+        finally:
+            hook.remove()
+
+    a, b = last_logits(1.0), last_logits(1 + 1e-6)
+    return float((b - a).abs().max() / (1e-6 * a.abs().max()))
+
+
+def deep_narrow() -> dict:
+    """E2B's depth, layer pattern, KV sharing and head dims (256 / 512, what makes attention sharp)
+    at hidden 128 and a 512-token vocabulary: seconds on a CPU."""
+    from harness.training.synthetic import text_config
+
+    config = text_config("e2b")
+    config.update(hidden_size=128, intermediate_size=256, vocab_size=512, vocab_size_per_layer_input=512,
+                  hidden_size_per_layer_input=16)
+    return config
+
+
+def chaos_problem() -> str | None:
+    """None when the writer's weights at E2B's depth and head dims carry a nudge as rounding
+    (``synthetic/nudge_gain``), else what they do to it."""
+    from harness.tolerances import tolerance
+
+    gain = nudge_gain(deep_narrow())
+    if gain <= tolerance("synthetic/nudge_gain").atol:
+        return None
+    return (f"a 1e-6 nudge of the embeddings grows {gain:.0f}x by the logits: the generated weights are chaotic, "
+            f"so no agreement at size can be told from noise")
+
+
+def test_generated_weights_are_not_chaotic_at_e2bs_depth_and_head_dims():
+    """Gemma 4 attends with scaling 1.0 (the trained q/k norms carry 1/sqrt(head_dim)); with ones
+    there, a random E2B's softmaxes are one-hot and rounding flips them. With the writer's
+    ``head_dim ** -1/4`` norms the gain was 1.6 (2026-12-05)."""
+    problem = chaos_problem()
+    assert problem is None, problem
+
+
+def test_q_and_k_norms_of_ones_make_the_generated_model_chaotic(monkeypatch):
+    """The regression the scheme names: transformers' init (ones) for q_norm and k_norm makes the
+    same model amplify the nudge past the bound (3,792x, 2026-12-05)."""
+    from harness.training import synthetic
+
+    monkeypatch.setattr(synthetic, "QK_NORM", 0.0)
+    problem = chaos_problem()
+    assert problem is not None and "chaotic" in problem
+
+
+def test_a_checkpoint_from_the_chaotic_scheme_is_told_apart(small, tmp_path):
+    """The scale tier's agreement check needs the current weights: a checkpoint written before the
+    q/k norms were scaled (its marker says so) is named, with the command that replaces it."""
+    from harness.training.synthetic import MARKER, stale_weights
+
+    assert stale_weights(small) is None
+    (tmp_path / MARKER).write_text(json.dumps(
+        {"weights": "seeded random: N(0, initializer_range) matrices, ones for norms and layer scalars"}))
+    why = stale_weights(tmp_path)
+    assert why is not None and "make-checkpoint" in why and "\n" not in why
+
+
 def test_a_full_disk_is_refused_before_writing(tmp_path, monkeypatch):
     import shutil
     from collections import namedtuple

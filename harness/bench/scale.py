@@ -90,8 +90,10 @@ def run_stages(directory: str, recipe: str, max_context: int = 1024, progress=pr
 
     size = model_size(directory)
     pipe = Pipeline(directory, recipe, ExportSettings(max_context=max_context), progress=progress, stream=True)
-    out: dict = {"model": directory, "recipe": recipe, "params": size.params, "max_context": max_context,
-                 "fp32_bytes": size.fp32_bytes, "stages": {}}
+    from harness.bench.host import host_info
+
+    out: dict = {"host": host_info(), "model": directory, "recipe": recipe, "params": size.params,
+                 "max_context": max_context, "fp32_bytes": size.fp32_bytes, "stages": {}}
     windows = reset_peak()
     tracer = PeakTracer(progress=progress)
     out["rss_trace"] = tracer.events
@@ -187,14 +189,15 @@ def speed(pte: str, gguf: str, config, threads: int = 2, prompts: int = 3, promp
     medians of prefill, decode and time to first token, the paired ratios, each side's load time
     and peak RSS (a fresh process each), bytes read per decode token and the share of the measured
     read bandwidth that decode reaches."""
+    from harness.bench.host import host_info
     from harness.bench.protocol import bench_prompts, medians
     from harness.bench.roofline import gguf_bytes_per_token, read_bandwidth
     from harness.runtimes.process import isolated, measure_once
 
     ids = bench_prompts(prompts, prompt_tokens, int(config.vocab_size))
     sides = {"native": ("executorch-native", pte), "llama.cpp": ("llama.cpp", gguf)}
-    out: dict = {"threads": threads, "prompts": prompts, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
-                 "rounds": rounds, "bytes": {"pte": Path(pte).stat().st_size, "gguf": Path(gguf).stat().st_size}}
+    out: dict = {"host": host_info(threads), "threads": threads, "prompts": prompts, "prompt_tokens": prompt_tokens,
+                 "new_tokens": new_tokens, "rounds": rounds, "bytes": {"pte": Path(pte).stat().st_size, "gguf": Path(gguf).stat().st_size}}
     for name, (kind, artifact) in sides.items():
         once = measure_once(kind, artifact, threads, ids[0], new_tokens, timeout=3600)
         out[name] = {"load_s": once["load_s"], "peak_rss_bytes": int(once["peak_rss_mb"] * (1 << 20))}

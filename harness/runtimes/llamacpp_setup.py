@@ -41,13 +41,34 @@ def llama_cpp_version() -> str:
         raise HarnessError(f"{DIST} is not installed", INSTALL_HINT) from None
 
 
+NO_AMX_CMAKE = "cmake/llamacpp-no-amx.cmake"  # tox.ini passes it to llama-cpp-python's build
+REBUILD_HINT = (f"rebuild it without AMX: CMAKE_ARGS=-DCMAKE_PROJECT_INCLUDE=$PWD/{NO_AMX_CMAKE} pip install "
+                f"--no-cache-dir --force-reinstall --no-deps {DIST}=={PINNED_VERSION} (tox -e mac does this), or set "
+                f"HARNESS_LLAMACPP_AMX=1 to run its AMX kernels anyway")
+
+
 def import_llama_cpp():
-    """``llama_cpp``, or a one-line error saying how to install it."""
+    """``llama_cpp``, or a one-line error saying how to install it (or rebuild it: ``amx_problem``)."""
     try:
         import llama_cpp
     except (ImportError, OSError, RuntimeError) as e:  # OSError/RuntimeError: its shared library did not load
         raise HarnessError(_import_problem(e), INSTALL_HINT) from e
+    if (problem := amx_problem(llama_cpp.llama_print_system_info().decode(errors="replace"))) is not None:
+        raise HarnessError(problem, REBUILD_HINT)
     return llama_cpp
+
+
+def amx_problem(system_info: str, env=None) -> str | None:
+    """Why this llama.cpp build must not run here (None when it may): one built with its AMX kernels
+    (``AMX_INT8 = 1`` in its system info, as ``-march=native`` gives on Intel Sapphire Rapids and
+    later) repacks Q4_0 weights for AMX and segfaults on the first decode, taking the whole test
+    process with it (measured on 2026-12-05 on such a host, 1 and 2 threads; ggml-org/llama.cpp#20824
+    and #26954). ``HARNESS_LLAMACPP_AMX=1`` lets it run where those kernels are known to work."""
+    env = os.environ if env is None else env
+    if "AMX_INT8 = 1" not in system_info or env.get("HARNESS_LLAMACPP_AMX") == "1":
+        return None
+    return (f"this {DIST} was built with llama.cpp's AMX kernels (system info: AMX_INT8 = 1), which segfault "
+            f"on the first Q4_0 decode on AMX hosts like this one")
 
 
 def _import_problem(e: BaseException) -> str:
@@ -56,11 +77,11 @@ def _import_problem(e: BaseException) -> str:
 
 
 def llama_cpp_import_problem() -> str | None:
-    """None when ``llama_cpp`` imports; otherwise why not, in one line."""
+    """None when ``llama_cpp`` imports and may run; otherwise why not and what to do, in one line."""
     try:
         import_llama_cpp()
     except HarnessError as e:
-        return e.problem
+        return str(e)
     return None
 
 
@@ -72,7 +93,7 @@ def missing_llama_cpp_verdict(problem: str | None, env=None) -> tuple[str, str] 
     if problem is None:
         return None
     env = os.environ if env is None else env
-    reason = f"{problem}; {INSTALL_HINT}"
+    reason = problem
     if str(env.get("CI") or "").strip():
         return "fail", f"{reason} (CI is set, so the llama.cpp cross-check may not be skipped)"
     return "skip", reason

@@ -15,7 +15,15 @@ the per-layer table is 2,348,810,240 and ``embed_tokens`` 402,653,184 (``lm_head
 Weights: N(0, ``initializer_range`` = 0.02) for every matrix, ones for every RMSNorm (Gemma 4
 multiplies by the weight, not by 1 + weight) and ``layer_scalar``: transformers' own init, which
 keeps the residual stream bounded through the post-norms (tests/test_synthetic_checkpoint.py
-measures it on the small shape).
+measures it on the small shape), except the attention's ``q_norm`` and ``k_norm``, which are
+``head_dim ** -0.25`` (``QK_NORM``). Gemma 4 attends with ``scaling = 1.0``: the usual
+``1/sqrt(head_dim)`` lives in the trained q/k norm weights. At init (ones) the attention logits of
+unit-RMS queries and keys have a standard deviation of ``sqrt(head_dim)``, 16 and 23 at E2B's head
+dims, so every softmax is nearly one-hot and a rounding flips which slot it picks: a random E2B is
+chaotic, a trained one is not. Measured (FP32, a 1e-6 nudge of the embeddings, E2B's 35 layers
+and head dims at hidden 128): the logits move 3,792x the nudge with ones, 1.6x with ``QK_NORM``
+(tests/test_synthetic_checkpoint.py keeps both); at E2B's width, 8da4w, 64 tokens, a 1e-6 nudge
+moved the logits 2.60 with ones and 0.19 with ``QK_NORM``.
 Each tensor is drawn from its own seed (the run's seed and the tensor's name), in row chunks into
 bf16, and handed to the shard writer one at a time, so memory holds about one shard, never the
 model. The tokenizer is the fixture's, its ids moved so the specials sit where Gemma's do (pad 0,
@@ -64,6 +72,9 @@ SHAPES = {"e2b": E2B_TEXT, "small": SMALL_TEXT}
 E2B_TEXT_PARAMETERS = 4_628_569_344
 SPECIAL_IDS = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<|turn>": 105, "<turn|>": 106}
 CHUNK_ELEMENTS = 1 << 26  # rows drawn at a time: 256 MB of float32
+QK_NORM = -0.25  # q_norm and k_norm weights are head_dim ** QK_NORM (the module docstring says why)
+WEIGHTS = ("seeded random: N(0, initializer_range) matrices, ones for norms and layer scalars, "
+           "head_dim^-1/4 for the attention's q_norm and k_norm")
 
 
 def text_config(shape: str) -> dict:
@@ -74,7 +85,8 @@ def text_config(shape: str) -> dict:
 
 def tensor_shapes(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
     """(checkpoint name, shape, kind) of every text tensor transformers builds for ``config``, in
-    its order, from a model on the meta device (nothing allocated). kind: matrix, norm or scalar."""
+    its order, from a model on the meta device (nothing allocated). kind: matrix, norm, qk_norm or
+    scalar."""
     import torch
     from transformers import Gemma4TextConfig
     from transformers.models.gemma4.modeling_gemma4 import Gemma4TextModel
@@ -88,7 +100,8 @@ def tensor_shapes(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
     for name, t in model.state_dict().items():
         if name.endswith("inv_freq"):
             continue
-        kind = "scalar" if name.endswith("layer_scalar") else "norm" if t.dim() == 1 else "matrix"
+        kind = ("scalar" if name.endswith("layer_scalar") else "qk_norm" if name.endswith(("q_norm.weight", "k_norm.weight"))
+                else "norm" if t.dim() == 1 else "matrix")
         out.append((TEXT_PREFIX + name, tuple(t.shape), kind))
     return out
 
@@ -105,9 +118,11 @@ def _seed(seed: int, name: str) -> int:
 
 def random_tensor(name: str, shape: tuple[int, ...], kind: str, std: float, seed: int):
     """One tensor in bf16: N(0, std) for a matrix (drawn in row chunks, so a 2.35B-entry table
-    never exists in float32), ones for a norm or scalar."""
+    never exists in float32), ``head_dim ** QK_NORM`` for a q/k norm, ones for a norm or scalar."""
     import torch
 
+    if kind == "qk_norm":
+        return torch.full(shape, shape[-1] ** QK_NORM, dtype=torch.bfloat16)
     if kind != "matrix":
         return torch.ones(shape, dtype=torch.bfloat16)
     out = torch.empty(shape, dtype=torch.bfloat16)
@@ -118,6 +133,13 @@ def random_tensor(name: str, shape: tuple[int, ...], kind: str, std: float, seed
         block = torch.randn((min(rows, flat.shape[0] - start), shape[-1]), generator=gen) * std
         flat[start:start + block.shape[0]] = block.to(torch.bfloat16)
     return out
+
+
+def random_weights(config: dict, seed: int = 0, shapes=None):
+    """(checkpoint name, bf16 tensor) for every text tensor of ``config``, one at a time."""
+    std = float(config["initializer_range"])
+    for name, dims, kind in shapes or tensor_shapes(config):
+        yield name, random_tensor(name, dims, kind, std, seed)
 
 
 def write_tokenizer(out: Path, vocab_size: int) -> None:
@@ -182,13 +204,13 @@ def make_checkpoint(out: Path, shape: str = "e2b", seed: int = 0, shard_bytes: i
     if free < need * 1.05:
         raise HarnessError(f"{out.parent} has {free / 1e9:.1f} GB free; the {shape} checkpoint needs {need / 1e9:.1f} GB",
                            "free some disk or pass a directory on another one")
-    std = float(config["initializer_range"])
 
     def tensors():
-        for i, (name, dims, kind) in enumerate(shapes):
+        for i, (name, t) in enumerate(random_weights(config, seed, shapes)):
+            dims = tuple(t.shape)
             if len(shapes) > 100 and (i % 100 == 0 or dims[0] * dims[-1] > 1 << 28):
                 progress(f"make-checkpoint: tensor {i + 1}/{len(shapes)} {name} {list(dims)}")
-            yield name, random_tensor(name, dims, kind, std, seed)
+            yield name, t
 
     building = out.with_name(f".{out.name}.making-{os.getpid()}")
     shutil.rmtree(building, ignore_errors=True)
@@ -199,7 +221,7 @@ def make_checkpoint(out: Path, shape: str = "e2b", seed: int = 0, shard_bytes: i
             write_checkpoint(building, config, tensors(), Path(tok_dir), shard_bytes=shard_bytes, dtype="bfloat16")
         (building / MARKER).write_text(json.dumps(
             {"shape": shape, "seed": seed, "bytes": need, "written_by": "harness make-checkpoint",
-             "weights": "seeded random: N(0, initializer_range) matrices, ones for norms and layer scalars"},
+             "weights": WEIGHTS},
             indent=1) + "\n")
         if out.exists():
             out.rmdir()
@@ -213,3 +235,17 @@ def make_checkpoint(out: Path, shape: str = "e2b", seed: int = 0, shard_bytes: i
 def is_synthetic(directory: Path) -> bool:
     """Whether a checkpoint directory was generated here (agreement applies; real goldens do not)."""
     return (Path(directory) / MARKER).is_file()
+
+
+def stale_weights(directory: Path) -> str | None:
+    """Why a generated checkpoint's weights cannot carry an agreement check (None when they can):
+    one written before ``QK_NORM`` (q/k norms of ones) is chaotic, so the .pte and eager part from
+    rounding alone."""
+    try:
+        written = json.loads((Path(directory) / MARKER).read_text()).get("weights")
+    except (OSError, ValueError):
+        return f"{directory}/{MARKER} is unreadable"
+    if written != WEIGHTS:
+        return (f"{directory} holds an older weight scheme ({written!r}), chaotic under rounding; "
+                f"regenerate it: harness make-checkpoint --shape e2b NEW_DIR")
+    return None
