@@ -181,9 +181,14 @@ def test_verify_failing_under_other_versions_says_which_and_how_to_refresh(pipel
 
 
 def test_verify_failing_under_the_same_versions_blames_no_stack(pipeline, tmp_path):
+    """Under the very stack the goldens name (this host's libraries and CPU features written into
+    the copy's provenance: the committed record may come from another CPU), a failure is the
+    .pte's, and no stack is blamed."""
+    from harness.goldens.provenance import current_provenance
+
     golden = ('{"prompt": "What is the capital of France?", "ids": [337, 324, 321, 483, 316, 999, 5], '
               '"text": "The capital of France is Rome."}')
-    res = _verify(pipeline, _goldens_copy(tmp_path, edit={FRANCE_PTE_FP32: golden}))
+    res = _verify(pipeline, _goldens_copy(tmp_path, provenance=current_provenance(), edit={FRANCE_PTE_FP32: golden}))
     assert res.returncode == 1 and "FAIL" in res.stdout
     assert "another stack" not in res.stdout
 
