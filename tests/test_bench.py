@@ -21,6 +21,7 @@ from harness.bench.suite import (
     matching_prefix, run_benchmark,
 )
 from harness.tolerances import tolerance
+from support import skip_without_llama_cpp
 
 pytestmark = pytest.mark.bench
 
@@ -92,7 +93,7 @@ def test_host_benchmark(benchmark, runtime, pipeline, protocol, references, benc
 
     kind, recipe = RuntimeSpec.parse(runtime)
     if kind == "llama.cpp":
-        pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install -e '.[dev]')")
+        skip_without_llama_cpp()
     try:
         artifact, counted = artifact_for(runtime, pipeline)
         runner = isolated(RuntimeSpec.parse(runtime).kind, artifact, protocol.threads)  # timed alone

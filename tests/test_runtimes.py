@@ -11,7 +11,7 @@ from harness.errors import HarnessError
 from harness.goldens.store import golden_ids
 from harness.program import eos_ids
 from harness.runtimes.base import Generation, open_runtime
-from support import FIXTURE_DIR
+from support import FIXTURE_DIR, skip_without_llama_cpp
 
 pytestmark = pytest.mark.mac
 
@@ -29,7 +29,7 @@ def artifact(kind: str, p):
     if kind == "exported":
         return p.pt2_path
     if kind == "llama.cpp":
-        pytest.importorskip("llama_cpp")
+        skip_without_llama_cpp()
         from harness.runtimes.gguf import gguf_for
 
         return gguf_for("fixture", "f32")

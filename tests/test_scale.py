@@ -2,7 +2,7 @@
 stage of the same pipeline, measured, in a laptop's memory, and side by side with llama.cpp.
 
     harness make-checkpoint --shape e2b DIR          # 9.3 GB of seeded BF16 weights, ~2 min
-    HARNESS_SCALE_DIR=DIR pytest -m scale -s          # about an hour on 2 cores
+    HARNESS_SCALE_DIR=DIR pytest -m scale -s          # 23-26 min on 2 cores
 
 Each measurement runs in a fresh process (``python -m harness.bench.scale``) with its own empty
 artifact cache, so peaks are the stage's own; every figure goes to ``HARNESS_SCALE_OUT``

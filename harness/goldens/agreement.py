@@ -99,7 +99,7 @@ def compare_with_transformers(runs: dict, model="fixture", hf_model=None, runner
     """``llamacpp_agreement`` with the measurements: see there."""
     from harness.tolerances import tolerance
 
-    import_llama_cpp()  # missing or broken llama-cpp-python: a one-line HarnessError with the install command
+    import_llama_cpp()  # missing, broken or refused (AMX) llama-cpp-python: a one-line HarnessError with its fix
     logit_atol = tolerance("llamacpp_vs_hf/f32_logits").atol
     tie_tol = tolerance("llamacpp_vs_hf/f32_tie").atol
     agreement = Agreement()

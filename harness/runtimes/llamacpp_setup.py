@@ -24,7 +24,8 @@ from harness.errors import HarnessError
 
 DIST = "llama-cpp-python"
 PINNED_VERSION = "0.3.36"  # the dev extra's pin (pyproject.toml)
-INSTALL_HINT = f"pip install -e '.[dev]' (or: pip install {DIST}=={PINNED_VERSION}; it builds llama.cpp, ~8 min)"
+INSTALL_HINT = (f"pip install -e '.[dev]' (or: pip install {DIST}=={PINNED_VERSION}; it builds llama.cpp, ~8 min; "
+                f"on an Intel AMX host with CMAKE_ARGS=-DCMAKE_PROJECT_INCLUDE=$PWD/cmake/llamacpp-no-amx.cmake)")
 # What the converter needs from the sdist's vendor/llama.cpp/: the script, the per-architecture
 # ``conversion`` package it imports, ``gguf-py`` (put on sys.path by the script itself), the chat
 # templates some converters read, and the licence.
@@ -42,9 +43,10 @@ def llama_cpp_version() -> str:
 
 
 NO_AMX_CMAKE = "cmake/llamacpp-no-amx.cmake"  # tox.ini passes it to llama-cpp-python's build
-REBUILD_HINT = (f"rebuild it without AMX: CMAKE_ARGS=-DCMAKE_PROJECT_INCLUDE=$PWD/{NO_AMX_CMAKE} pip install "
-                f"--no-cache-dir --force-reinstall --no-deps {DIST}=={PINNED_VERSION} (tox -e mac does this), or set "
-                f"HARNESS_LLAMACPP_AMX=1 to run its AMX kernels anyway")
+REBUILD_HINT = (f"rebuild it without them (pip's wheel cache would hand the same build back): pip cache remove "
+                f"llama_cpp_python, then tox -r -e mac (tox.ini passes {NO_AMX_CMAKE}), or outside tox "
+                f"CMAKE_ARGS=-DCMAKE_PROJECT_INCLUDE=$PWD/{NO_AMX_CMAKE} pip install --no-cache-dir --force-reinstall "
+                f"--no-deps {DIST}=={PINNED_VERSION}; or set HARNESS_LLAMACPP_AMX=1 to run its AMX kernels anyway")
 
 
 def import_llama_cpp():
@@ -53,9 +55,15 @@ def import_llama_cpp():
         import llama_cpp
     except (ImportError, OSError, RuntimeError) as e:  # OSError/RuntimeError: its shared library did not load
         raise HarnessError(_import_problem(e), INSTALL_HINT) from e
-    if (problem := amx_problem(llama_cpp.llama_print_system_info().decode(errors="replace"))) is not None:
+    if (problem := amx_problem(_system_info(llama_cpp))) is not None:
         raise HarnessError(problem, REBUILD_HINT)
     return llama_cpp
+
+
+def _system_info(llama_cpp) -> str:
+    """llama.cpp's own "CPU : AVX2 = 1 | ..." line ("" where the binding does not say)."""
+    info = getattr(llama_cpp, "llama_print_system_info", lambda: b"")() or b""
+    return info.decode(errors="replace") if isinstance(info, bytes) else str(info)
 
 
 def amx_problem(system_info: str, env=None) -> str | None:
@@ -68,7 +76,7 @@ def amx_problem(system_info: str, env=None) -> str | None:
     if "AMX_INT8 = 1" not in system_info or env.get("HARNESS_LLAMACPP_AMX") == "1":
         return None
     return (f"this {DIST} was built with llama.cpp's AMX kernels (system info: AMX_INT8 = 1), which segfault "
-            f"on the first Q4_0 decode on AMX hosts like this one")
+            f"on the first Q4_0 decode on Intel AMX hosts")
 
 
 def _import_problem(e: BaseException) -> str:
@@ -86,17 +94,17 @@ def llama_cpp_import_problem() -> str | None:
 
 
 def missing_llama_cpp_verdict(problem: str | None, env=None) -> tuple[str, str] | None:
-    """What a test run does when llama-cpp-python is missing (``problem`` from
-    ``llama_cpp_import_problem``): nothing (None) when it imports; ``("fail", reason)`` when the
-    environment variable CI is set and non-empty, since CI must run the cross-implementation check;
-    ``("skip", reason)`` elsewhere. ``reason`` is one line: what is missing and how to install it."""
+    """What a test run does when llama-cpp-python cannot be used (``problem`` from
+    ``llama_cpp_import_problem``: missing, not importable, or a build it refuses, each with its fix):
+    nothing (None) when it imports; ``("fail", reason)`` when the environment variable CI is set and
+    non-empty, since CI must run the cross-implementation check; ``("skip", problem)`` elsewhere.
+    ``reason`` is one line: what is wrong and what to do."""
     if problem is None:
         return None
     env = os.environ if env is None else env
-    reason = problem
     if str(env.get("CI") or "").strip():
-        return "fail", f"{reason} (CI is set, so the llama.cpp cross-check may not be skipped)"
-    return "skip", reason
+        return "fail", f"{problem} (CI is set, so the llama.cpp cross-check may not be skipped)"
+    return "skip", problem
 
 
 def fetch_command(version: str, dest: str = "DIR") -> list[str]:

@@ -135,10 +135,13 @@ def random_tensor(name: str, shape: tuple[int, ...], kind: str, std: float, seed
     return out
 
 
-def random_weights(config: dict, seed: int = 0, shapes=None):
-    """(checkpoint name, bf16 tensor) for every text tensor of ``config``, one at a time."""
+def random_weights(config: dict, seed: int = 0, shapes=None, before=None):
+    """(checkpoint name, bf16 tensor) for every text tensor of ``config``, one at a time;
+    ``before(i, name, dims)`` is called before each is drawn."""
     std = float(config["initializer_range"])
-    for name, dims, kind in shapes or tensor_shapes(config):
+    for i, (name, dims, kind) in enumerate(shapes or tensor_shapes(config)):
+        if before is not None:
+            before(i, name, dims)
         yield name, random_tensor(name, dims, kind, std, seed)
 
 
@@ -205,12 +208,9 @@ def make_checkpoint(out: Path, shape: str = "e2b", seed: int = 0, shard_bytes: i
         raise HarnessError(f"{out.parent} has {free / 1e9:.1f} GB free; the {shape} checkpoint needs {need / 1e9:.1f} GB",
                            "free some disk or pass a directory on another one")
 
-    def tensors():
-        for i, (name, t) in enumerate(random_weights(config, seed, shapes)):
-            dims = tuple(t.shape)
-            if len(shapes) > 100 and (i % 100 == 0 or dims[0] * dims[-1] > 1 << 28):
-                progress(f"make-checkpoint: tensor {i + 1}/{len(shapes)} {name} {list(dims)}")
-            yield name, t
+    def before(i, name, dims):
+        if len(shapes) > 100 and (i % 100 == 0 or dims[0] * dims[-1] > 1 << 28):
+            progress(f"make-checkpoint: tensor {i + 1}/{len(shapes)} {name} {list(dims)}")
 
     building = out.with_name(f".{out.name}.making-{os.getpid()}")
     shutil.rmtree(building, ignore_errors=True)
@@ -218,7 +218,8 @@ def make_checkpoint(out: Path, shape: str = "e2b", seed: int = 0, shard_bytes: i
         with tempfile.TemporaryDirectory(prefix=".tokenizer-", dir=out.parent) as tok_dir:
             write_tokenizer(Path(tok_dir), int(config["vocab_size"]))
             config["eos_token_id"] = [SPECIAL_IDS["<eos>"], SPECIAL_IDS["<turn|>"]]
-            write_checkpoint(building, config, tensors(), Path(tok_dir), shard_bytes=shard_bytes, dtype="bfloat16")
+            write_checkpoint(building, config, random_weights(config, seed, shapes, before), Path(tok_dir),
+                             shard_bytes=shard_bytes, dtype="bfloat16")
         (building / MARKER).write_text(json.dumps(
             {"shape": shape, "seed": seed, "bytes": need, "written_by": "harness make-checkpoint",
              "weights": WEIGHTS},
@@ -242,10 +243,12 @@ def stale_weights(directory: Path) -> str | None:
     one written before ``QK_NORM`` (q/k norms of ones) is chaotic, so the .pte and eager part from
     rounding alone."""
     try:
-        written = json.loads((Path(directory) / MARKER).read_text()).get("weights")
+        marker = json.loads((Path(directory) / MARKER).read_text())
     except (OSError, ValueError):
-        return f"{directory}/{MARKER} is unreadable"
-    if written != WEIGHTS:
-        return (f"{directory} holds an older weight scheme ({written!r}), chaotic under rounding; "
-                f"regenerate it: harness make-checkpoint --shape e2b NEW_DIR")
+        marker = None
+    if not isinstance(marker, dict):
+        return f"{directory}/{MARKER} is unreadable or not a JSON object; regenerate the checkpoint (harness make-checkpoint)"
+    if marker.get("weights") != WEIGHTS:
+        return (f"{directory} holds an older weight scheme ({marker.get('weights')!r}), chaotic under rounding; "
+                f"regenerate it: harness make-checkpoint --shape {marker.get('shape', 'e2b')} NEW_DIR")
     return None

@@ -23,6 +23,17 @@ RECIPE_NAMES = list(GOLDEN_RECIPES)  # recipes with goldens of their own
 BENCH_STATE: dict = {"failures": {}}
 
 
+def skip_without_llama_cpp() -> None:
+    """Skip, with the one-line reason and its fix, where llama-cpp-python is missing or is a build
+    the harness refuses (tests/test_llamacpp.py's gate fails for it in CI)."""
+    import pytest
+
+    from harness.runtimes.llamacpp_setup import llama_cpp_import_problem
+
+    if (problem := llama_cpp_import_problem()) is not None:
+        pytest.skip(problem)
+
+
 def examples(n: int) -> int:
     return max(1, int(n * EXAMPLE_SCALE))
 
