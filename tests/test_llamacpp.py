@@ -34,6 +34,7 @@ from harness.goldens.agreement import (AGREEMENT_CTX, TOP_K, llamacpp_agreement,
 from harness.runtimes.llamacpp import LlamaCppRuntime
 from harness.program import eos_ids
 from harness.tolerances import tolerance
+from support import skip_without_llama_cpp
 
 pytestmark = pytest.mark.mac
 
@@ -64,9 +65,7 @@ def test_llama_cpp_is_installed():
 
 @pytest.fixture(scope="module")
 def needs_llama_cpp():
-    if LLAMA_CPP_PROBLEM is not None:
-        pytest.skip(f"{S.missing_llama_cpp_verdict(LLAMA_CPP_PROBLEM, env={})[1]} "
-                    "(with CI set, test_llama_cpp_is_installed fails)")
+    skip_without_llama_cpp()
 
 
 def test_a_build_with_amx_kernels_is_refused_with_the_rebuild_command(monkeypatch):

@@ -155,20 +155,10 @@ def nudge_gain(config: dict) -> float:
     from harness.models.checkpoint import TEXT_PREFIX
     from harness.training.synthetic import random_weights
 
-    with torch.device("meta"):
-        model = Gemma4ForCausalLM(Gemma4TextConfig(**{k: v for k, v in config.items() if k != "model_type"}))
+    model = Gemma4ForCausalLM(Gemma4TextConfig(**{k: v for k, v in config.items() if k != "model_type"})).eval()
     weights = {"model." + name[len(TEXT_PREFIX):]: t.float() for name, t in random_weights(config, seed=0)}
-    weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
-    model.load_state_dict(weights, assign=True, strict=False)
-    for name, buf in list(model.named_buffers()):  # the non-persistent ones stay on meta: rebuild them
-        if buf.is_meta:
-            owner, leaf = model.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2]
-            owner.register_buffer(leaf, torch.zeros(buf.shape, dtype=buf.dtype), persistent=False)
-    model.model.rotary_emb.__init__(model.config)
-    for module in model.modules():
-        if hasattr(module, "embed_scale") and hasattr(module, "scalar_embed_scale"):
-            module.embed_scale.fill_(module.scalar_embed_scale)
-    model.eval()
+    missing, unexpected = model.load_state_dict(weights, strict=False)  # lm_head is tied to embed_tokens
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     ids = torch.arange(4, 4 + 40).unsqueeze(0) * 7 % int(config["vocab_size"])
 
     def last_logits(nudge: float):

@@ -31,7 +31,7 @@ def skip_without_llama_cpp() -> None:
     from harness.runtimes.llamacpp_setup import llama_cpp_import_problem
 
     if (problem := llama_cpp_import_problem()) is not None:
-        pytest.skip(problem)
+        pytest.skip(f"{problem} (with CI set, tests/test_llamacpp.py::test_llama_cpp_is_installed fails)")
 
 
 def examples(n: int) -> int:
