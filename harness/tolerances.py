@@ -398,6 +398,14 @@ TOLERANCES: dict[str, Tolerance] = {
         "and 1.11 on the older, chaotic weights (q/k norms of ones), where both were 2.8-4.1; 1.5x.",
         measured=1.03,
     ),
+    "preflight/scale_fit": Tolerance(
+        0.1,
+        "relative error of the streamed pre-flight against each E2B-size peak it was fitted to "
+        "(preflight.SCALE_CALIBRATION: 8da4w-fast and 8da4w, 2026-12-04/05). Worst 5.7%: 8da4w's "
+        "load+quantize, 0.64 GB under 8da4w-fast's (the INT4 token table's temporaries it does not make), "
+        "which the FP32-table term leaves at 0 rather than fit with a negative slope; 1.75x.",
+        measured=0.057,
+    ),
     "preflight/scale": Tolerance(
         0.23,
         "relative error of the streamed pre-flight (fitted: the fixture's streamed peaks fix each stage's "

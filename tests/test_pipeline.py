@@ -67,3 +67,16 @@ def test_second_pipeline_exports_and_lowers_nothing(pipeline):
     events = [e[2] for e in again.cache.events]
     assert events and set(events) == {"hit"}, again.cache.events
     assert again.pte_path == first.pte_path
+
+
+def test_the_demo_command_answers_and_verifies_as_the_readme_shows(pipeline, capsys, fixture_answers):
+    """README's first command, in process, on the session's artifacts: the default recipe's .pte
+    answers the demo prompt and equals HF generate token for token (exit 0, the verify line)."""
+    from harness.cli.main import DEFAULT_PROMPT, DEMO_RECIPE, main
+
+    pipeline(DEMO_RECIPE).pte_path  # built once per session (usually already, by the fast-path tests)
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert f"recipe:  {DEMO_RECIPE}:" in out
+    assert f"answer:  {fixture_answers[DEFAULT_PROMPT]}" in out
+    assert "verify: the .pte answer equals HF generate (FP32), token for token" in out

@@ -73,10 +73,21 @@ def drop_delegated_weights(edge) -> int:
     return freed
 
 
-def lower(ep, recipe: Recipe, constant_methods: dict | None = None, drop_weights: bool = True):
+def lower(ep, recipe: Recipe, constant_methods: dict | None = None, drop_weights: bool = True,
+          lean: bool = True):
     """Return (ExecutorchProgramManager, LowerReport). ``ep`` may come in a one-element list, which
     is emptied once the edge program exists, so that the caller's reference does not keep the
-    delegated weights alive through emission (``drop_delegated_weights``)."""
+    delegated weights alive through emission (``drop_delegated_weights``). ``lean``: trace under
+    harness/build/lean.py (the same program, about a fifth faster)."""
+    from contextlib import nullcontext
+
+    from harness.build.lean import lean_tracing
+
+    with lean_tracing() if lean else nullcontext():
+        return _lower(ep, recipe, constant_methods, drop_weights)
+
+
+def _lower(ep, recipe: Recipe, constant_methods: dict | None, drop_weights: bool):
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower

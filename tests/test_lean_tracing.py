@@ -1,0 +1,83 @@
+"""Lowering runs under harness/build/lean.py (provenance shared instead of deep-copied, the cyclic
+collector slowed): about a fifth of the demo's lowering time, and it must not change a byte of the
+program. ExecuTorch reads a node's provenance to give it a debug handle (one per oldest ancestor),
+which the ``.pte`` carries, so a provenance that lost its history would show in the bytes."""
+
+from __future__ import annotations
+
+import copy
+import gc
+
+import pytest
+
+pytestmark = pytest.mark.mac
+
+
+def test_the_fast_program_lowered_without_lean_tracing_is_the_same_byte_for_byte(pipeline, tmp_path):
+    from harness.build.lower import lower
+    from harness.build.pte import write_pte
+    from harness.program import runner_metadata
+
+    pipe = pipeline("8da4w-fast")  # the pipeline lowers under lean_tracing
+    plain, _ = lower(pipe.exported, pipe.recipe, runner_metadata(pipe.loaded, pipe.settings, pipe.recipe),
+                     lean=False)
+    written = write_pte(plain, tmp_path / "plain.pte")
+    assert written.read_bytes() == pipe.pte_path.read_bytes(), (
+        "lean_tracing changed the lowered program (harness/build/lean.py)")
+
+
+def _small_program():
+    import torch
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.silu(x @ x.T).mean(dim=-1) * 2
+
+    return torch.export.export(M(), (torch.randn(4, 3),))
+
+
+def _ancestors(ep) -> dict[str, str]:
+    from executorch.exir.debug_handle_utils import get_greatest_ancestor_node_identifier
+
+    return {n.name: get_greatest_ancestor_node_identifier(n).split(".")[0]
+            for n in ep.graph.nodes if n.op == "call_function" and "from_node" in n.meta}
+
+
+def test_shared_provenance_names_the_same_ancestors_and_a_lost_history_would_not(monkeypatch):
+    """What the debug handles are made of, after a decomposition: each node's oldest ancestor. Shared
+    records name the same ones as deep copies; records that lose their history (the regression a
+    careless sharing would be) name others, which is what the byte comparison above would catch."""
+    from torch.fx.traceback import NodeSource
+
+    from harness.build.lean import lean_tracing
+
+    ep = _small_program()
+    plain = _ancestors(ep.run_decompositions())
+    with lean_tracing():
+        lean = _ancestors(ep.run_decompositions())
+    assert plain and lean == plain
+
+    monkeypatch.setattr(NodeSource, "__deepcopy__", lambda self, memo: NodeSource(None, self.pass_name),
+                        raising=False)  # a history dropped
+    assert _ancestors(ep.run_decompositions()) != plain
+
+
+def test_lean_tracing_is_undone_on_exit_on_error_and_when_nested():
+    from torch.fx.traceback import NodeSource
+
+    from harness.build.lean import GC_THRESHOLDS, lean_tracing
+
+    source = NodeSource(None, "a pass")
+    thresholds = gc.get_threshold()
+    with lean_tracing():
+        assert copy.deepcopy(source) is source
+        assert gc.get_threshold()[0] == max(GC_THRESHOLDS[0], thresholds[0])
+        with lean_tracing():
+            pass
+        assert copy.deepcopy(source) is source, "a nested exit undid the outer lean_tracing"
+    assert copy.deepcopy(source) is not source and gc.get_threshold() == thresholds
+
+    with pytest.raises(RuntimeError):
+        with lean_tracing():
+            raise RuntimeError("a failing lowering")
+    assert copy.deepcopy(source) is not source and gc.get_threshold() == thresholds
