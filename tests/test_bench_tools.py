@@ -319,3 +319,28 @@ def test_the_report_names_the_host_that_measured_it():
             "harness": {"host": host_info(2)}}
     text = markdown(data)
     assert "ISA:" in text and "threads on CPUs" in text
+
+
+def test_the_lowering_comparison_times_both_ways_and_tells_differing_programs_apart():
+    """``python -m harness.bench.lowering``: rounds alternate plain and lean, each on a fresh reload,
+    and ``same_bytes`` turns False the moment the two programs differ (the regression the README's
+    ratio must never hide). A stand-in lowering keeps this to the export's seconds."""
+    from types import SimpleNamespace
+
+    from harness.bench.lowering import compare
+
+    calls = []
+
+    def fake_lower(box, recipe, metadata, lean):
+        calls.append((lean, box.pop() is not None))
+        return SimpleNamespace(buffer=b"program"), None
+
+    res = compare("fixture", "fp32", rounds=2, lower=fake_lower)
+    assert calls == [(False, True), (True, True)] * 2
+    assert res["same_bytes"] and len(res["plain_seconds"]) == len(res["lean_seconds"]) == 2
+    assert res["plain_over_lean"] > 0
+
+    def differing(box, recipe, metadata, lean):
+        return SimpleNamespace(buffer=b"lean" if lean else b"plain"), None
+
+    assert compare("fixture", "fp32", rounds=1, lower=differing)["same_bytes"] is False

@@ -1,4 +1,4 @@
-"""The fast recipe (``8da4w-fast``, harness/build/fast.py): ExecuTorch's custom attention and KV-cache
+"""The fast recipe (``8da4w-fast``, harness/build/fast/): ExecuTorch's custom attention and KV-cache
 ops, ring-buffer caches on sliding layers, the decoder delegated to XNNPACK, an INT4 embedding
 table. It must say exactly what ``8da4w`` says (its token goldens), keep saying it past the
 sliding window, and leave only the portable ops it has a reason for."""
@@ -112,7 +112,7 @@ def test_fast_pte_prefill_past_the_window_in_one_call(pipeline):
 
 
 def test_fast_pte_portable_ops_have_reasons(pipeline):
-    """Every operator left outside XNNPACK is one harness/build/fast.py explains, within the count its
+    """Every operator left outside XNNPACK is one harness/build/fast/ explains, within the count its
     reason implies for this model; the norms, RoPE and every matmul are delegated."""
     from harness.build.fast.budget import portable_op_budget
 

@@ -1,5 +1,5 @@
 """Lowering runs under harness/build/lean.py (provenance shared instead of deep-copied, the cyclic
-collector slowed): about a fifth of the demo's lowering time, and it must not change a byte of the
+collector slowed): 14-30% of the demo's lowering time, and it must not change a byte of the
 program. ExecuTorch reads a node's provenance to give it a debug handle (one per oldest ancestor),
 which the ``.pte`` carries, so a provenance that lost its history would show in the bytes."""
 

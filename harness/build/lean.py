@@ -9,7 +9,7 @@ host B, 2026-12-05):
   (``node.meta["from_node"]``, torch.fx's ``NodeSource``), and torch builds that record with a
   ``copy.deepcopy`` of the source node's whole history. Histories grow by one level per pass
   (about 30 passes, 17 of them once per XNNPACK partition), so the copying grows with the square of
-  the pass count: 42,929 deep copies, 7.2M objects, 12 s of a 79 s lowering. A ``NodeSource`` is
+  the pass count: 42,929 deep copies, 7.2M objects, 10-12 s of a 73-79 s lowering. A ``NodeSource`` is
   never changed once built (torch builds new lists for new records), so the copy can share it:
   ExecuTorch reads the history only to find each node's oldest ancestor for its debug handles,
   which a shared history gives identically.
@@ -18,9 +18,10 @@ host B, 2026-12-05):
   5.3 s. Raised thresholds: 56 times, 2.7 s. Memory is still released by reference counting; only
   cycles wait longer.
 
-Measured together: 79.1 s -> 66.9 s (provenance alone) -> 63.6 s on the same graph, the same
-``.pte`` byte for byte (``tests/test_lean_tracing.py`` holds that, and that each part is undone on
-exit). Nothing here changes what is traced: on an upgrade that makes a ``NodeSource`` mutable or
+Measured together (host B, quiet): the ``8da4w-fast`` fixture lowering 72.6 s -> 62.2 s, the
+``8da4w`` one (123 partitions, so more passes) 114 s -> 80 s in the demo, the same ``.pte`` byte for
+byte (``tests/test_lean_tracing.py`` holds that, and that each part is undone on exit). Nothing here
+changes what is traced: on an upgrade that makes a ``NodeSource`` mutable or
 renames it, ``lean_tracing`` must be revisited; the byte-identity test is what says so.
 """
 
