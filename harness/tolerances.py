@@ -394,8 +394,9 @@ TOLERANCES: dict[str, Tolerance] = {
         0.5,
         "as scale/pte_vs_eager/8da4w-fast, for 8da4w's program (transformers' export path, 685 XNNPACK "
         "delegates, the token table FP32) on the same generated E2B-shaped checkpoint: the same "
-        "quantized linears and per-layer table, so the same rounding bound. Measured 2026-12-05: MEASURED.",
-        measured=0.0,
+        "quantized linears and per-layer table, so the same rounding bound. Measured 2026-12-05 (host B): "
+        "0.16-0.22 at every step of 8, a 1e-6 nudge moving eager 0.16 (ratio 1.06), ids equal; 2.3x.",
+        measured=0.22,
     ),
     "scale/pte_vs_eager_over_nudge": Tolerance(
         1.5,
