@@ -44,7 +44,8 @@ RECIPES: dict[str, Recipe] = {
             export="fast",
             description="8da4w's quantization exported through harness/build/fast/: ExecuTorch's custom "
             "SDPA and KV-cache ops, ring-buffer caches on sliding layers, the decoder delegated to "
-            "XNNPACK, the token table INT4 like its tied lm_head; says what 8da4w says",
+            "XNNPACK, the token table INT4 and stored once for the lookup and the tied lm_head "
+            "(harness::q4_linear); says what 8da4w says",
         ),
     )
 }

@@ -128,6 +128,19 @@ def test_fast_pte_portable_ops_have_reasons(pipeline):
     assert report["delegated_calls"] <= p.loaded.config.num_hidden_layers + 2, report["delegated_calls"]
 
 
+def test_fast_pte_stores_the_token_table_once(pipeline):
+    """The tied table is one INT4 copy, read by the lookup (embedding_4bit) and by lm_head
+    (harness::q4_linear, harness/build/fast/tied.py); 8da4w, whose FP32 table and XNNPACK-packed
+    lm_head are two copies, shows the check fails on a program that stores it twice."""
+    from harness.bench.scale import token_table_copies
+
+    cfg = pipeline(FAST).loaded.config
+    fast = token_table_copies(pipeline(FAST).pte_path, cfg.vocab_size, cfg.hidden_size)
+    assert len(fast) == 1, fast
+    twice = token_table_copies(pipeline("8da4w").pte_path, cfg.vocab_size, cfg.hidden_size)
+    assert len(twice) == 2, twice
+
+
 def test_fast_pte_is_smaller_than_8da4w(pipeline):
     """The INT4 embedding table replaces the FP32 one 8da4w keeps for the tied embedding."""
     fast = pipeline(FAST).pte_path.stat().st_size

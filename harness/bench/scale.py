@@ -229,11 +229,10 @@ def speed(pte: str, gguf: str, config, threads: int = 2, prompts: int = 3, promp
     return out
 
 
-def pte_composition(path) -> dict:
-    """What a ``.pte``'s bytes hold, read from its program header (the weights are not loaded):
-    the constant tensors ExecuTorch's own kernels read (the embedding tables: ``BYTE`` rows are
-    INT4 packed two per byte, ``CHAR`` INT8), with their shapes, and the XNNPACK delegates' named
-    data (packed weights and scales), largest first."""
+def _pte_parts(path) -> tuple[int, int, list[dict], list[dict], int]:
+    """(file bytes, constant segment bytes, every constant tensor ExecuTorch's kernels read, every
+    named data entry (the XNNPACK delegates' weights), delegate count), from the program header:
+    the weights are not loaded."""
     import mmap
 
     from executorch.exir._serialize._program import _flatbuffer_to_program, _get_extended_header
@@ -252,12 +251,32 @@ def pte_composition(path) -> dict:
         if isinstance(t, Tensor) and 0 < t.data_buffer_idx < len(offsets):
             constants.append({"dtype": t.scalar_type.name, "shape": list(t.sizes),
                               "bytes": ends[t.data_buffer_idx] - offsets[t.data_buffer_idx]})
-    named = sorted(({"key": n.key, "bytes": program.segments[n.segment_index].size} for n in program.named_data),
-                   key=lambda e: -e["bytes"])
+    named = [{"key": n.key, "bytes": program.segments[n.segment_index].size} for n in program.named_data]
+    return total, constant_bytes, constants, named, len(program.execution_plan[0].delegates)
+
+
+def pte_composition(path) -> dict:
+    """What a ``.pte``'s bytes hold: the constant tensors ExecuTorch's own kernels read (the
+    embedding tables: ``BYTE`` rows are INT4 packed two per byte, ``CHAR`` INT8), with their shapes,
+    and the XNNPACK delegates' named data (packed weights and scales), largest first."""
+    total, constant_bytes, constants, named, delegates = _pte_parts(path)
+    named.sort(key=lambda e: -e["bytes"])
     constants.sort(key=lambda e: -e["bytes"])
     return {"bytes": total, "constant_bytes": constant_bytes, "constants": constants[:8],
             "delegate_named_bytes": sum(e["bytes"] for e in named), "delegate_named_largest": named[:6],
-            "delegates": len(program.execution_plan[0].delegates)}
+            "delegates": delegates}
+
+
+def token_table_copies(path, vocab: int, hidden: int) -> list[str]:
+    """Every copy of a [vocab, hidden] token table a ``.pte`` stores, in any form: a constant of
+    ExecuTorch's kernels ([V, D] FP32 or INT8, [V, D/2] INT4 packed) or an XNNPACK weight blob of
+    V x D/2 bytes (INT4: a packed ``lm_head``) or V x D (INT8)."""
+    _, _, constants, named, _ = _pte_parts(path)
+    copies = [f"constant {c['dtype']} {c['shape']}" for c in constants
+              if c["shape"] in ([vocab, hidden], [vocab, hidden // 2])]
+    copies += [f"XNNPACK weights, {e['bytes']} bytes" for e in named
+               if e["bytes"] in (vocab * hidden // 2, vocab * hidden)]
+    return copies
 
 
 def pi5_projection(bytes_per_token: int, roofline_fraction: float, bandwidth_gb_s: float = PI5_BANDWIDTH_GB_S) -> float:

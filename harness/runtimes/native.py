@@ -9,6 +9,9 @@ the thread pool, with headers under ``executorch/include``); none of these link 
 piece it ships only inside a torch-linked library is the LLM custom ops' runtime kernels
 (``libcustom_ops_aot_lib.so``), so ``harness/runtimes/cpp/llama_kernels.cpp`` registers its own
 ``llama::custom_sdpa.out``, ``update_cache.out`` and ``update_cache_with_indices.out``.
+``harness/runtimes/cpp/tied_kernels.cpp`` holds the harness's own operator (``harness::q4_linear``,
+the tied ``lm_head``): compiled into the runner, and built as a shared library
+(:func:`kernel_library`) that the Python runtimes load into ExecuTorch's kernel registry.
 
 The binary is built once per source, compiler and executorch install, into the artifact cache
 (atomic, then run once to check that its libraries resolve and its kernels register).
@@ -26,7 +29,8 @@ from harness.errors import HarnessError
 from harness.runtimes.base import Generation, Runtime, check_prompt, register
 from harness.runtimes.child import ChildRuntime
 
-SOURCES = ("et_native.cpp", "llama_kernels.cpp")
+SOURCES = ("et_native.cpp", "llama_kernels.cpp", "tied_kernels.cpp")
+KERNEL_SOURCES = ("tied_kernels.cpp",)  # the harness's own operators, for the Python runtimes too
 # registration-only libraries first, kept by --no-as-needed: nothing references them by symbol
 LIBRARIES = ("executorch_kernels_quantized", "executorch_kernels_optimized", "executorch_backend_xnnpack",
              "executorch_threadpool", "executorch")
@@ -118,6 +122,39 @@ def native_runner() -> Path:
         return {"command": cmd}
 
     return ArtifactCache().get_or_build("native", build_key(), "et_native", build)
+
+
+def kernel_library_command(out: Path, cxx: str | None = None) -> list[str]:
+    root = executorch_root()
+    return [cxx or compiler(), *FLAGS, "-fPIC", "-shared", f"-I{root / 'include'}",
+            f"-I{root / 'include/executorch/runtime/core/portable_type/c10'}",
+            *[str(source_dir() / s) for s in KERNEL_SOURCES], "-o", str(out), f"-L{root / 'lib'}",
+            "-lexecutorch_threadpool", "-lexecutorch", f"-Wl,-rpath,{root / 'lib'}", "-lpthread"]
+
+
+def kernel_library() -> Path:
+    """``libharness_kernels.so``: the harness's own operators' ExecuTorch kernels, for a process
+    whose runtime is the executorch wheel's (loading it registers them; harness/oplib.py). Built
+    once per source, compiler and executorch install, into the artifact cache."""
+    from harness.cache import ArtifactCache, cache_key
+
+    cxx = compiler()
+    h = hashlib.sha256()
+    for name in KERNEL_SOURCES:
+        h.update((source_dir() / name).read_bytes())
+    key = cache_key("kernels", sources=h.hexdigest(), command=kernel_library_command(Path("OUT"), cxx),
+                    compiler=_compiler_version(cxx))
+
+    def build(path: Path) -> dict:
+        cmd = kernel_library_command(path, cxx)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            first = next((l for l in out.stderr.splitlines() if "error" in l), out.stderr.strip()[-300:])
+            raise HarnessError(f"building the harness's kernel library failed ({first.strip()})",
+                               "run by hand to see all: " + " ".join(cmd))
+        return {"command": cmd}
+
+    return ArtifactCache().get_or_build("kernels", key, "libharness_kernels.so", build)
 
 
 def linked_libraries(path: Path) -> list[str]:

@@ -9,6 +9,8 @@ LLM custom ops so that almost everything is delegated to XNNPACK. One concern pe
   harness/oplib.py), sliding layers keep a ring buffer of ``sliding_window`` slots, and the glue
   (RMSNorm, RoPE's rotate_half, reshapes) is written in the forms XNNPACK's partitioner takes;
 - ``embedding.py``: the token table (tied to ``lm_head``) INT4 in ``lm_head``'s own groups;
+- ``tied.py``: that table stored once, read by the lookup (``embedding_4bit``) and by ``lm_head``
+  (``harness::q4_linear``, the harness's own kernel, with the logit softcapping fused);
 - ``budget.py``: what is left outside XNNPACK, with a reason and a count for each operator.
 
 Numerics differ from transformers' eager attention only by summation order (flash attention, rsqrt

@@ -18,7 +18,9 @@ _MASK_OPS = {
 }
 
 
-def portable_op_budget(config) -> dict[str, tuple[int, str]]:
+def portable_op_budget(config, tied: bool = True) -> dict[str, tuple[int, str]]:
+    """``tied``: the token table and ``lm_head`` share one INT4 copy (harness/build/fast/tied.py, the
+    8da4w-fast recipe); else the table is looked up by its own quantized embedding."""
     n = int(config.num_hidden_layers)
     types = list(config.layer_types)
     modes = list(config.kv_sharing_modes)
@@ -46,11 +48,18 @@ def portable_op_budget(config) -> dict[str, tuple[int, str]]:
             2 * len(set(types)), "RoPE cos and sin rows gathered at cache_position, one table per "
             "layer type (a gather; XNNPACK has none)"),
         "aten.embedding.default": (
-            2 if ple else 1, "the token and per-layer embedding lookups (gathers); quantized tables "
-            "become quantized_decomposed::embedding_byte / embedding_4bit at to_executorch"),
+            int(ple) + int(not tied), "the per-layer (and an untied token) embedding lookups "
+            "(gathers); quantized tables become quantized_decomposed::embedding_byte / embedding_4bit "
+            "at to_executorch"),
         "torchao.dequantize_affine.default": (
-            2 if ple else 1, "the quantized embedding tables' dequantization, fused with the gather "
+            int(ple) + int(not tied), "those quantized tables' dequantization, fused with the gather "
             "into embedding_byte / embedding_4bit at to_executorch (only the gathered rows)"),
+        "quantized_decomposed.embedding_4bit.dtype": (
+            int(tied), "the token lookup in the shared INT4 table: a gather of the rows (XNNPACK has "
+            "no gather)"),
+        "harness.q4_linear.default": (
+            int(tied), "lm_head on the shared INT4 token table (the harness's own kernel): XNNPACK "
+            "would pack a second copy of the table"),
         "aten._local_scalar_dense.default": (1, _SCALAR_REASON),
         "aten._assert_scalar.default": (4, _SCALAR_REASON),
         "aten.sym_size.int": (1, _SCALAR_REASON),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.build.fast.tied import tied_table
 from harness.errors import HarnessError
 from harness.oplib import load_custom_ops_for_export
 
@@ -85,10 +86,14 @@ class FastGemma4(torch.nn.Module):
             if self.reuses[i] and t not in self.store_of:
                 raise HarnessError(f"layer {i} reuses {t} keys but no layer stores them", "check the config")
 
-        self.embed_tokens = inner.embed_tokens
+        # the token table and lm_head: one INT4 copy for both when they are tied and quantized
+        # alike (harness/build/fast/tied.py), else each as the model holds it
+        self.tied = tied_table(model)
+        if self.tied is None:
+            self.embed_tokens = inner.embed_tokens
+            self.lm_head = model.lm_head
         self.layers = inner.layers
         self.norm = inner.norm
-        self.lm_head = model.lm_head
         self.ple_dim = int(cfg.hidden_size_per_layer_input or 0)
         if self.ple_dim:
             self.embed_tokens_per_layer = inner.embed_tokens_per_layer
@@ -203,7 +208,7 @@ class FastGemma4(torch.nn.Module):
         torch._check(start + s <= self.max_context)
         torch._check(start < self.max_context)
 
-        h = self.embed_tokens(input_ids)
+        h = self.embed_tokens(input_ids) if self.tied is None else self.tied.lookup(input_ids)
         pli = None
         if self.ple_dim:
             L, P = self.n_layers, self.ple_dim
@@ -253,6 +258,8 @@ class FastGemma4(torch.nn.Module):
                 h = residual + x
             h = h * layer.layer_scalar
         h = self._norm(h, self.norm)
+        if self.tied is not None:
+            return self.tied.head(h, self.softcap)
         logits = self.lm_head(h)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap

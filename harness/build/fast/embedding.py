@@ -13,10 +13,9 @@ def quantize_embedding(model, scheme: str, group_size: int) -> dict:
 
     ``int8``: per-row INT8 (``embedding_byte`` at run time). ``int4``: symmetric INT4 per group of
     ``group_size`` along the hidden dim, the very scheme ``8da4w`` gives the tied ``lm_head``, so
-    the gathered rows equal the dequantized ``lm_head`` rows (``embedding_4bit`` at run time).
-    XNNPACK still packs its own copy of the ``lm_head`` weights: the table is stored twice, but
-    at 4 bits instead of FP32 (torchao's shared-embedding kernels that would read one copy are
-    not in the executorch wheel's runtime)."""
+    the gathered rows equal the dequantized ``lm_head`` rows, and the export wrapper stores the
+    table once for both (harness/build/fast/tied.py: ``embedding_4bit`` for the lookup, the
+    harness's own ``q4_linear`` for ``lm_head``)."""
     import torch
     from torchao.quantization import IntxWeightOnlyConfig, quantize_
     from torchao.quantization.granularity import PerAxis, PerGroup
