@@ -5,6 +5,7 @@ llama.cpp for."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from harness.errors import HarnessError
 
@@ -59,7 +60,9 @@ def test_the_streamed_preflight_reproduces_every_e2b_measurement_it_was_fitted_t
     """Every stage measured at E2B size (SCALE_CALIBRATION, both recipes) within
     ``preflight/scale_fit`` of its estimate. The regression it names: 8da4w keeps the token table
     FP32, which the estimate ignored until 2026-12-05 (its lowering peaked at 20.49 GB against 16.01
-    GB estimated, 22% under); without that term the same check fails."""
+    GB estimated, 22% under); without that term the same check fails. Likewise 8da4w-fast since it
+    stores the tied table once (its lowering peak fell 1.96 GB): without STREAMED_SHARED_TABLE the
+    estimate is 11.8% over."""
     from harness.build import preflight
     from harness.models.size import size_from_config
     from harness.tolerances import tolerance
@@ -74,5 +77,28 @@ def test_the_streamed_preflight_reproduces_every_e2b_measurement_it_was_fitted_t
                    for stage, gb in row.items())
 
     fitted = worst()
-    monkeypatch.setattr(preflight, "STREAMED_FP32_TABLE", dict.fromkeys(preflight.STREAMED_FP32_TABLE, 0.0))
-    assert fitted <= tol < worst()
+    with monkeypatch.context() as m:
+        m.setattr(preflight, "STREAMED_FP32_TABLE", dict.fromkeys(preflight.STREAMED_FP32_TABLE, 0.0))
+        without_fp32_term = worst()
+    monkeypatch.setattr(preflight, "STREAMED_SHARED_TABLE", dict.fromkeys(preflight.STREAMED_SHARED_TABLE, 0.0))
+    assert fitted <= tol < min(without_fp32_term, worst())
+
+
+def test_the_nudge_reaches_the_lookup_the_fast_wrapper_runs(pipeline):
+    """nudge_sensitivity scales the looked-up embeddings where the eager wrapper looks them up: on
+    8da4w-fast the shared table's module. The regression it names: a hook on embed_tokens, which
+    that wrapper no longer calls, moved nothing (0.0 at E2B size, 2026-12-05). 1e-4 here: the
+    fixture's 8da4w-fast absorbs a 1e-6 nudge entirely (no INT8 code flips at its size)."""
+    from harness.bench.scale import nudge_sensitivity
+
+    p = pipeline("8da4w-fast")
+    prompt = [2, 10, 20, 30, 40, 50, 60]
+    ref = p.runtime("eager").step(prompt, list(range(len(prompt))))[0, -1]
+    assert nudge_sensitivity(p, prompt, ref, rel=1e-4) > 0
+    runtime = p.runtime("eager")
+    hook = p.quantized.model.embed_tokens.register_forward_hook(lambda m, i, o: o * (1 + 1e-4))
+    try:
+        missed = runtime.step(prompt, list(range(len(prompt))))[0, -1]
+    finally:
+        hook.remove()
+    assert torch.equal(missed, ref)

@@ -166,17 +166,21 @@ def agreement(directory: str, recipe: str, prompt_tokens: int = 600, new_tokens:
     return out
 
 
-def nudge_sensitivity(pipe, prompt: list[int], reference) -> float:
+def nudge_sensitivity(pipe, prompt: list[int], reference, rel: float = 1e-6) -> float:
     """How far eager's logits at the prompt's last position move when the token embeddings are
-    scaled by 1 + 1e-6: what rounding alone does to this model (dynamic INT8 activation codes
+    scaled by 1 + ``rel`` (1e-6): what rounding alone does to this model (dynamic INT8 activation codes
     flip). 0.18 on the generated E2B-shaped checkpoint (2026-12-05); 2.76, as large as the logits
     themselves, on its older, chaotic weights (q/k norms of ones)."""
     import torch
 
-    model = pipe.quantized
-    hook = model.model.embed_tokens.register_forward_hook(lambda m, i, o: o * (1 + 1e-6))
+    runtime = pipe.runtime("eager")
+    # the module that looks tokens up: the fast wrapper's shared table where it has one
+    target = getattr(runtime.wrapper, "tied", None)
+    if target is None:
+        target = pipe.quantized.model.embed_tokens
+    hook = target.register_forward_hook(lambda m, i, o: o * (1 + rel))
     try:
-        nudged = pipe.runtime("eager").step(prompt, list(range(len(prompt))))[0, -1]
+        nudged = runtime.step(prompt, list(range(len(prompt))))[0, -1]
     finally:
         hook.remove()
     return float((nudged.float() - torch.as_tensor(reference).float()).abs().max())

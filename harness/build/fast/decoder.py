@@ -208,7 +208,7 @@ class FastGemma4(torch.nn.Module):
         torch._check(start + s <= self.max_context)
         torch._check(start < self.max_context)
 
-        h = self.embed_tokens(input_ids) if self.tied is None else self.tied.lookup(input_ids)
+        h = self.embed_tokens(input_ids) if self.tied is None else self.tied(input_ids)
         pli = None
         if self.ple_dim:
             L, P = self.n_layers, self.ple_dim

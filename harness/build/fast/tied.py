@@ -27,11 +27,11 @@ def pack(qdata: torch.Tensor) -> torch.Tensor:
 
 def row_sums(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """[V] FP32: sum over groups of scale x (sum of the row's weights in the group); the kernel's
-    correction for the activations' zero point (tied_kernels.cpp)."""
-    q = unpack(packed).to(torch.float64)
+    correction for the activations' zero point (tied_kernels.cpp). Group sums are exact integers."""
+    q = unpack(packed)
     v = q.shape[0]
-    sums = q.reshape(v, scales.shape[1], -1).sum(-1)
-    return (sums * scales.to(torch.float64)).sum(-1).to(torch.float32)
+    sums = q.reshape(v, scales.shape[1], -1).sum(-1, dtype=torch.int32)
+    return (sums.to(torch.float64) * scales.to(torch.float64)).sum(-1).to(torch.float32)
 
 
 define_harness_ops()
@@ -51,7 +51,9 @@ class TiedTable(torch.nn.Module):
         self.register_buffer("row_sums", row_sums(packed, scales))
         self.embed_scale = float(embed_scale)
 
-    def lookup(self, ids):
+    def forward(self, ids):
+        """The token lookup (a module call, so a forward hook sees the embeddings as it sees
+        ``embed_tokens``' in the untied model: harness.bench.scale.nudge_sensitivity)."""
         rows = torch.ops.quantized_decomposed.embedding_4bit.dtype(
             self.packed, self.scales, None, QMIN, QMAX, ids, dtype=torch.float32)
         return rows * self.embed_scale
