@@ -145,3 +145,17 @@ def test_the_lm_head_comparison_command_runs_on_a_small_shape(capsys):
         assert row["q4_linear"]["ms"] > 0 and row["xnnpack"]["ms"] > 0
         assert row["q4_linear_over_xnnpack_time"] > 0
     assert res["host"]["machine"]
+
+
+def test_a_kernel_library_that_does_not_load_is_refused_in_one_line(monkeypatch, tmp_path):
+    """The build checks that libharness_kernels.so loads before caching it (the regression: a file
+    the compiler left that cannot load, cached and then failing every fast program's load)."""
+    from harness.errors import HarnessError
+    from harness.runtimes import native
+
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "kernel_library_command",
+                        lambda out, cxx=None: ["sh", "-c", f"echo not-a-library > '{out}'"])
+    with pytest.raises(HarnessError, match="does not load"):
+        native.kernel_library()
+    assert not list(tmp_path.glob("kernels-*/libharness_kernels.so"))

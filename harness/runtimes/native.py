@@ -23,6 +23,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from harness.errors import HarnessError
@@ -152,6 +153,13 @@ def kernel_library() -> Path:
             first = next((l for l in out.stderr.splitlines() if "error" in l), out.stderr.strip()[-300:])
             raise HarnessError(f"building the harness's kernel library failed ({first.strip()})",
                                "run by hand to see all: " + " ".join(cmd))
+        # it must load (its libraries resolve, its kernels register) in a process of its own
+        check = subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(path)!r})"],
+                               capture_output=True, text=True, timeout=120)
+        if check.returncode != 0:
+            last = (check.stderr.strip().splitlines() or ["no output"])[-1]
+            raise HarnessError(f"the kernel library {path} does not load ({last})",
+                               "check that executorch's lib/ is intact (pip install --force-reinstall executorch)")
         return {"command": cmd}
 
     return ArtifactCache().get_or_build("kernels", key, "libharness_kernels.so", build)
