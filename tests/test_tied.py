@@ -159,3 +159,19 @@ def test_a_kernel_library_that_does_not_load_is_refused_in_one_line(monkeypatch,
     with pytest.raises(HarnessError, match="does not load"):
         native.kernel_library()
     assert not list(tmp_path.glob("kernels-*/libharness_kernels.so"))
+
+
+def test_a_non_finite_activation_stays_visible_in_the_kernel_output():
+    """A NaN or inf in a token's hidden state must not come out as finite logits (the INT8
+    quantization would clamp it to a code): that token's outputs are NaN, the others unchanged."""
+    module, head = program(256, 97, 128, softcap=30.0)
+    x = torch.randn(1, 3, 256)
+    clean = run_path(module, x, "portable")
+    for bad in (float("nan"), float("inf")):
+        y = x.clone()
+        y[0, 1, 7] = bad
+        for path in cpu_paths():  # group 128: every path this CPU has
+            got = run_path(module, y, path)
+            assert torch.isnan(got[0, 1]).all(), path
+            assert torch.equal(torch.isfinite(got[0, [0, 2]]), torch.isfinite(clean[0, [0, 2]])), path
+        assert not torch.isfinite(head(y)[0, 1]).all()  # eager: not finite either

@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -80,9 +81,11 @@ void quantize_tokens(const float* x, int64_t m, int64_t d, int64_t group, Acts& 
   for (int64_t t = 0; t < m; ++t) {
     const float* row = x + t * d;
     float mn = 0.0f, mx = 0.0f;
+    bool finite = true;
     for (int64_t k = 0; k < d; ++k) {
       mn = std::min(mn, row[k]);
       mx = std::max(mx, row[k]);
+      finite = finite && std::isfinite(row[k]);
     }
     float scale = (mx - mn) / 255.0f;
     scale = std::max(scale, FLT_MIN);
@@ -101,7 +104,8 @@ void quantize_tokens(const float* x, int64_t m, int64_t d, int64_t group, Acts& 
       for (int64_t k = g * group; k < (g + 1) * group; ++k) s += v[k];
       a.corr[t * a.groups + g] = -8 * s;
     }
-    a.scale[t] = scale;
+    // a NaN or infinity in stays visible: the token's outputs are NaN (eager's are NaN or inf)
+    a.scale[t] = finite ? scale : std::numeric_limits<float>::quiet_NaN();
     a.c[t] = 128.0f + zp;
   }
 }
