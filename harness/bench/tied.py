@@ -98,9 +98,9 @@ def compare(v: int = 262144, d: int = 1536, group: int = 128, rounds: int = 5, t
                 t0 = time.perf_counter()
                 prog.forward([x])
                 times[name].append(time.perf_counter() - t0)
-        row = {name: {"ms": round(statistics.median(t) * 1e3, 3),
+        row = {name: {"ms": round(statistics.median(times[name]) * 1e3, 3),
                       "max_abs_diff_from_eager": float((prog.forward([x])[0] - want).abs().max())}
-               for name, (prog, t) in ((n, (sides[n], times[n])) for n in sides)}
+               for name, prog in sides.items()}
         row["q4_linear_over_xnnpack_time"] = round(row["q4_linear"]["ms"] / row["xnnpack"]["ms"], 3)
         out["tokens"][str(m)] = row
     return out

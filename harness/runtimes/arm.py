@@ -128,16 +128,11 @@ def _toolchain(arch: str) -> tuple[str, str]:
 
 
 def build_key(arch: str = "aarch64") -> str:
-    import hashlib
-
     from harness.cache import cache_key
-    from harness.runtimes.native import SOURCES, _compiler_version, compile_command, source_dir
+    from harness.runtimes.native import _compiler_version, compile_command, sources_digest
 
-    h = hashlib.sha256()
-    for name in SOURCES:
-        h.update((source_dir() / name).read_bytes())
     cxx, libraries = _toolchain(arch)
-    return cache_key(f"native-{arch}", sources=h.hexdigest(), libraries=libraries,
+    return cache_key(f"native-{arch}", sources=sources_digest(), libraries=libraries,
                      command=compile_command(Path("OUT"), cxx, lib=Path("LIB"), rpath="$ORIGIN/lib"),
                      compiler=_compiler_version(cxx))
 
@@ -149,7 +144,7 @@ def device_runner(arch: str = "aarch64") -> Path:
     the pinned aarch64 wheel's libraries and checked under qemu as a Cortex-A76 (where qemu is
     here); x86_64: against the installed wheel's, and run here."""
     from harness.cache import ArtifactCache, sha256_file
-    from harness.runtimes.native import _compiler_version, compile_command, executorch_root
+    from harness.runtimes.native import _compiler_version, compile_command, compile_or_fail, executorch_root
 
     cxx, libraries = _toolchain(arch)
 
@@ -164,11 +159,7 @@ def device_runner(arch: str = "aarch64") -> Path:
                 shutil.copyfile(so, lib / so.name)
                 names.append(so.name)
         cmd = compile_command(path, cxx, lib=lib, rpath="$ORIGIN/lib")
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        if out.returncode != 0:
-            first = next((l for l in out.stderr.splitlines() if "error" in l), out.stderr.strip()[-300:])
-            raise HarnessError(f"compiling the {arch} native runner failed ({first.strip()})",
-                               "run by hand to see all: " + " ".join(cmd))
+        compile_or_fail(cmd, f"compiling the {arch} native runner")
         if elf_machine(path) != ELF_MACHINE[arch]:
             raise HarnessError(f"{path} is not an {arch} program (ELF machine {elf_machine(path)})",
                                f"check the compiler: {cxx}")

@@ -87,14 +87,27 @@ def _compiler_version(cxx: str) -> str:
         return "unknown"
 
 
+def sources_digest(names=SOURCES) -> str:
+    """sha256 over the C++ sources ``names`` (part of every build key of what they compile into)."""
+    h = hashlib.sha256()
+    for name in names:
+        h.update((source_dir() / name).read_bytes())
+    return h.hexdigest()
+
+
+def compile_or_fail(cmd: list[str], what: str) -> None:
+    """Run a compiler command; on failure one line: ``what`` failed, with its first error."""
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        first = next((l for l in out.stderr.splitlines() if "error" in l), out.stderr.strip()[-300:])
+        raise HarnessError(f"{what} failed ({first.strip()})", "run by hand to see all: " + " ".join(cmd))
+
+
 def build_key() -> str:
     from harness.cache import cache_key
 
-    h = hashlib.sha256()
-    for name in SOURCES:
-        h.update((source_dir() / name).read_bytes())
     cxx = compiler()
-    return cache_key("native", sources=h.hexdigest(), command=compile_command(Path("OUT"), cxx),
+    return cache_key("native", sources=sources_digest(), command=compile_command(Path("OUT"), cxx),
                      compiler=_compiler_version(cxx))
 
 
@@ -114,11 +127,7 @@ def native_runner() -> Path:
 
     def build(path: Path) -> dict:
         cmd = compile_command(path)
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        if out.returncode != 0:
-            first = next((l for l in out.stderr.splitlines() if "error" in l), out.stderr.strip()[-300:])
-            raise HarnessError(f"building the native runner failed ({first.strip()})",
-                               "run by hand to see all: " + " ".join(cmd))
+        compile_or_fail(cmd, "building the native runner")
         verify_binary(path)
         return {"command": cmd}
 
@@ -140,19 +149,12 @@ def kernel_library() -> Path:
     from harness.cache import ArtifactCache, cache_key
 
     cxx = compiler()
-    h = hashlib.sha256()
-    for name in KERNEL_SOURCES:
-        h.update((source_dir() / name).read_bytes())
-    key = cache_key("kernels", sources=h.hexdigest(), command=kernel_library_command(Path("OUT"), cxx),
-                    compiler=_compiler_version(cxx))
+    key = cache_key("kernels", sources=sources_digest(KERNEL_SOURCES),
+                    command=kernel_library_command(Path("OUT"), cxx), compiler=_compiler_version(cxx))
 
     def build(path: Path) -> dict:
         cmd = kernel_library_command(path, cxx)
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        if out.returncode != 0:
-            first = next((l for l in out.stderr.splitlines() if "error" in l), out.stderr.strip()[-300:])
-            raise HarnessError(f"building the harness's kernel library failed ({first.strip()})",
-                               "run by hand to see all: " + " ".join(cmd))
+        compile_or_fail(cmd, "building the harness's kernel library")
         # it must load (its libraries resolve, its kernels register) in a process of its own
         check = subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(path)!r})"],
                                capture_output=True, text=True, timeout=120)
