@@ -81,20 +81,9 @@ class Pipeline(BuildPipeline):
     def hf_run(self, prompt: str | list[int], max_new_tokens: int = 9, quantized: bool = False) -> Generation:
         """transformers' own ``generate`` (greedy) on the FP32 or the recipe's model, with logits:
         the reference every runtime is held to (its own loop, not ours)."""
-        import torch
-
         ids = self.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
         model = self.quantized if quantized else self.fp32_model
-        eos = eos_ids(self.loaded)
-        with torch.no_grad():
-            out = model.generate(
-                torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                eos_token_id=eos, pad_token_id=self.loaded.config.pad_token_id,
-                output_logits=True, return_dict_in_generate=True,
-            )
-        new = out.sequences[0, len(ids):].tolist()
-        return Generation(prompt_ids=ids, ids=new, step_logits=[l[0] for l in out.logits],
-                          stopped_on_eos=bool(new) and new[-1] in eos)
+        return transformers_generate(model, self.loaded, ids, max_new_tokens)
 
     def run_stage(self, stage: str, prompt: str | list[int], max_new_tokens: int = 9) -> Generation:
         """One golden stage: ``hf_generate`` (transformers on this recipe's model), ``eager``
@@ -105,6 +94,23 @@ class Pipeline(BuildPipeline):
 
     def decode(self, ids: list[int]) -> str:
         return self.loaded.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def transformers_generate(model, loaded, ids: list[int], max_new_tokens: int) -> Generation:
+    """transformers' ``generate`` (greedy, its own loop and cache) with every step's logits, in
+    float32 whatever the model's dtype."""
+    import torch
+
+    eos = eos_ids(loaded)
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
+            eos_token_id=eos, pad_token_id=loaded.config.pad_token_id,
+            output_logits=True, return_dict_in_generate=True,
+        )
+    new = out.sequences[0, len(ids):].tolist()
+    return Generation(prompt_ids=ids, ids=new, step_logits=[l[0].float() for l in out.logits],
+                      stopped_on_eos=bool(new) and new[-1] in eos)
 
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:

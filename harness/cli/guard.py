@@ -188,9 +188,18 @@ def os_error_line(e: OSError) -> str:
     return f"{what}:{where}; {_OS_FIXES.get(e.errno, 'check the path, its permissions and free space')}"
 
 
+def verdict(func):
+    """Mark a command whose exit codes 0 and 1 are verdicts (``goldens diff``: 0 nothing changed,
+    1 something did; ``goldens update``: 0 written, 1 refused; ``verify``: 0 all equal, 1 not):
+    every error, internal ones included, then exits 2, so that a crash never reads as a verdict."""
+    func.verdict = True
+    return func
+
+
 def run_guarded(func, args, debug: bool) -> int:
     """Run a subcommand: ``harness: error: ...`` (exit 2) for anything the user can fix, one line
-    (exit 1) for anything else; the traceback only with ``--debug``."""
+    for anything else (exit 1, or 2 for a ``verdict`` command, whose 1 means a verdict); the
+    traceback only with ``--debug``."""
     try:
         return func(args)
     except HarnessError as e:
@@ -218,7 +227,7 @@ def run_guarded(func, args, debug: bool) -> int:
         first = (str(e).splitlines() or [""])[0][:200]
         _say(f"harness: internal error: {type(e).__name__}: {first}; rerun with --debug for the "
              "traceback and report it")
-        return 1
+        return 2 if getattr(func, "verdict", False) else 1
 
 
 def _say(line: str) -> None:

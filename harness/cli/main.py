@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.cli.guard import verdict
 
 DEFAULT_PROMPT = "What is the capital of France?"
 SKIP_HELP = ("run even if the memory pre-flight estimates more than the memory available "
@@ -157,6 +158,7 @@ def cmd_generate(args) -> int:
     return 0
 
 
+@verdict
 def cmd_verify(args) -> int:
     """Check a .pte against the committed goldens (fixture) or against HF generate (a directory)."""
     from harness.goldens.checks import check_tokens
@@ -251,18 +253,21 @@ def cmd_doctor(args) -> int:
     return 0
 
 
+@verdict
 def cmd_goldens_diff(args) -> int:
     """Exit 0: every golden stage says what it said; 1: something changed (one line per change); 2: an error."""
     from harness.goldens.refresh import diff_main
 
-    return diff_main(progress=_progress)
+    subject = _golden_subject(args)
+    return diff_main(progress=_progress, subject=subject, recipes=args.recipe)
 
 
+@verdict
 def cmd_goldens_update(args) -> int:
     """The one way to rewrite goldens: recompute the whole set, write it only through the gate."""
     from harness.goldens.refresh import update_main
 
-    return update_main(allow=args.allow, progress=_progress)
+    return update_main(allow=args.allow, progress=_progress, subject=_golden_subject(args))
 
 
 def cmd_bench_report(args) -> int:
@@ -304,6 +309,34 @@ def cmd_make_checkpoint(args) -> int:
     print(f"checkpoint: {out} ({args.shape}, seed {args.seed}): {len(shards)} shards, {size / 1e9:.2f} GB, "
           f"{time.time() - t0:.0f} s")
     return 0
+
+
+def _golden_target_args(p, update: bool) -> None:
+    """--model/--goldens/--prompts/--recipe: whose goldens, where (README, 'Your own model')."""
+    p.add_argument("--model", default="fixture",
+                   help="fixture (the harness's own, in goldens/), or your Gemma 4 checkpoint directory")
+    p.add_argument("--goldens", metavar="DIR",
+                   help="the goldens directory (default: the repository's goldens/, or HARNESS_GOLDENS_DIR); "
+                        "commit it in your own repository")
+    p.add_argument("--recipe", action="append", metavar="RECIPE",
+                   help=("recipes to record (repeatable; default 8da4w-fast, or those already recorded)" if update
+                         else "check that RECIPE's goldens are recorded (every recorded recipe is diffed)"))
+    if update:
+        p.add_argument("--prompts", metavar="FILE.jsonl",
+                       help='your prompts, one {"prompt": "..."} per line (default: those recorded, else the '
+                            "default set, one longer than the sliding window)")
+    p.add_argument("--skip-memory-check", action="store_true", help=SKIP_HELP)
+
+
+def _golden_subject(args):
+    """Point the goldens at --goldens, then resolve --model (with --prompts/--recipe)."""
+    from harness.goldens.subject import subject_for
+
+    if args.goldens:
+        os.environ["HARNESS_GOLDENS_DIR"] = str(Path(args.goldens).resolve())
+    if args.skip_memory_check:
+        os.environ["HARNESS_SKIP_MEMORY_CHECK"] = "1"
+    return subject_for(args.model, getattr(args, "prompts", None), args.recipe)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -368,11 +401,14 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(exit 0: nothing changed, 1: something did, 2: an error)")
     gdd.set_defaults(func=cmd_goldens_diff)
     gdu = gsub.add_parser("update", help="recompute every golden and rewrite them all, only if every change is "
-                                         "numerics (near-ties, logits within bounds, llama.cpp agreeing)")
+                                         "numerics (near-ties, logits within bounds, llama.cpp agreeing); the "
+                                         "first update of a checkpoint records")
     gdu.add_argument("--allow", metavar="REASON",
                      help="write even what the gate blocks; the reason, what was blocked, the date and both "
-                          "stacks are appended to provenance.json")
+                          "stacks are appended to the model's provenance")
     gdu.set_defaults(func=cmd_goldens_update)
+    for p in (gdd, gdu):
+        _golden_target_args(p, update=p is gdu)
 
     b = sub.add_parser("bench", help="benchmarks: report a result, build the Pi 5 bundle")
     bsub = b.add_subparsers(dest="bench_command", required=True)

@@ -102,13 +102,16 @@ class LogitDiff:
     bias_at: int = 0
     max_abs: float = 0.0  # largest |change| of any raw logit, for the record
     missing: int = 0  # golden positions the run did not reach
+    sketch_bucket: int | None = None  # a compact golden: the sketch bucket that moved most, if it was the worst
 
     def within(self, tol, multiple: float = 1.0) -> bool:
         return (self.missing == 0 and self.max_logprob <= multiple * tol.atol
                 and (tol.mean is None or self.bias <= multiple * tol.mean))
 
     def describe(self, tol=None) -> str:
-        text = (f"max |log-prob change| {self.max_logprob:.4g} at position {self.max_at[0]} token {self.max_at[1]}, "
+        where = (f"sketch bucket {self.sketch_bucket} (likeliest token {self.max_at[1]})" if self.sketch_bucket is not None
+                 else f"token {self.max_at[1]}")
+        text = (f"max |log-prob change| {self.max_logprob:.4g} at position {self.max_at[0]} {where}, "
                 f"logit bias {self.bias:.4g} at position {self.bias_at}, max |logit change| {self.max_abs:.4g} "
                 f"over {self.positions} position(s)")
         if self.missing:
@@ -118,14 +121,19 @@ class LogitDiff:
         return text
 
 
-def compare_logits(golden: list[dict], gen, upto: int | None = None) -> LogitDiff:
+def compare_logits(golden: list[dict], gen, upto: int | None = None, sketch_multiple: float | None = None) -> LogitDiff:
     """Every logit of every shared position against the golden's: every log-prob (a tail token
     rising counts as much as a top-5 one) and the raw vector's mean change (a constant shift,
-    which log-probs cannot see)."""
+    which log-probs cannot see). A compact golden (harness/goldens/store.py) compares its top 256
+    log-probs exactly and its sketch's buckets divided by ``sketch_multiple`` (``logit_golden/
+    sketch``), so that both read as log-prob changes against the same tolerance."""
     reach = len(golden) if upto is None else min(len(golden), upto + 1)
     n = min(reach, len(gen.step_logits))
     worst = LogitDiff(n, missing=max(0, reach - len(gen.step_logits)))
     for pos in range(n):
+        if "logits" not in golden[pos]:
+            _compare_compact(golden[pos], gen.step_logits[pos].float(), pos, worst, sketch_multiple)
+            continue
         want = unpack_logits(golden[pos]["logits"])
         got = gen.step_logits[pos].float()
         if want.shape != got.shape:
@@ -142,6 +150,39 @@ def compare_logits(golden: list[dict], gen, upto: int | None = None) -> LogitDif
     return worst
 
 
+def _compare_compact(record: dict, got, pos: int, worst: LogitDiff, sketch_multiple: float | None) -> None:
+    import torch
+
+    from harness.goldens.store import sketch
+
+    if int(record.get("vocab", -1)) != got.numel():
+        raise HarnessError(f"logit golden has {record.get('vocab')} logits per position, the run {got.numel()}",
+                           f"the model's vocabulary changed: record new goldens deliberately ({UPDATE_COMMAND})")
+    lp = got.log_softmax(-1)
+    ids = torch.tensor(record["head_ids"], dtype=torch.int64)
+    head = (lp[ids] - unpack_logits(record["head_logprobs"])).abs()
+    i = int(head.argmax())
+    if float(head[i]) > worst.max_logprob:
+        worst.max_logprob, worst.max_at = float(head[i]), (pos, int(ids[i]))
+    if sketch_multiple:
+        from harness.goldens.store import sketch_layout
+
+        moved = (sketch(got) - unpack_logits(record["sketch"])).abs() / sketch_multiple
+        b = int(moved.argmax())
+        if float(moved[b]) > worst.max_logprob:
+            index, _, _ = sketch_layout(got.numel())
+            members = (index == b).nonzero().flatten()
+            # the bucket's member that moved most against the run's own vector is unknown without
+            # the golden's: name the bucket and its likeliest member (the run's largest logit there)
+            likely = int(members[got[members].argmax()])
+            worst.max_logprob, worst.max_at = float(moved[b]), (pos, likely)
+            worst.sketch_bucket = b
+    bias = abs(float(got.mean()) - float(record["mean"]))
+    if bias > worst.bias:
+        worst.bias, worst.bias_at = bias, pos
+    worst.max_abs = max(worst.max_abs, float(head.max()))
+
+
 # ---- quantization quality ---------------------------------------------------------------------
 def quality(reference_logits, logits) -> dict:
     """llama.cpp's perplexity-tool statistics of a quantized run against the FP32 one over the same
@@ -155,9 +196,9 @@ def quality(reference_logits, logits) -> dict:
 
 
 # ---- the checks the golden tests run (and the teeth tests inject regressions into) -----------
-def provenance_first(message: str) -> str:
+def provenance_first(message: str, model: str = "fixture") -> str:
     """A failing golden names the stack's differences first (when there are any)."""
-    note = stack_note()
+    note = stack_note(model=model)
     return f"{note[0].upper()}{note[1:]}. {message}" if note else message
 
 
@@ -171,29 +212,33 @@ def check_token_golden(recipe: str, stage: str, prompt: str, gen, tokenizer, run
     return provenance_first(f"{recipe}:{stage} changed its answer to {prompt!r}: {report}.{where}")
 
 
-def logit_golden_diff(recipe: str, stage: str, prompt: str, gen, held_as: str | None = None):
+def logit_golden_diff(recipe: str, stage: str, prompt: str, gen, held_as: str | None = None, model: str = "fixture"):
     """The logit-golden comparison: (LogitDiff, its Tolerance) over every position the run shares
     with the golden, up to the first token change. ``held_as``: a recipe that owns no goldens, held
     to ``recipe``'s with its own tolerance (``8da4w-fast`` to ``8da4w``'s)."""
     from harness.tolerances import observe, tolerance
 
-    golden = read_json_golden(logit_golden_path(recipe, stage, prompt))
-    pos = first_divergence(golden_ids(recipe, stage, prompt), gen.ids)
-    name = f"logit_golden/{held_as or recipe}"
-    diff = compare_logits(golden, gen, upto=pos)
+    golden = read_json_golden(logit_golden_path(recipe, stage, prompt, model))
+    pos = first_divergence(golden_ids(recipe, stage, prompt, model), gen.ids)
+    # a checkpoint's quantized recipes are held to their own goldens with 8da4w's benign-move
+    # tolerance (8da4w-fast's own is for being held to 8da4w's); its reference to reference-DTYPE's
+    own = recipe if model == "fixture" or recipe.startswith("reference-") else "8da4w"
+    name = f"logit_golden/{held_as or own}"
+    diff = compare_logits(golden, gen, upto=pos, sketch_multiple=tolerance("logit_golden/sketch").atol)
     observe(name, diff.max_logprob, diff.bias)
     return diff, tolerance(name)
 
 
-def check_logit_golden(recipe: str, stage: str, prompt: str, gen, held_as: str | None = None) -> str | None:
+def check_logit_golden(recipe: str, stage: str, prompt: str, gen, held_as: str | None = None,
+                       model: str = "fixture") -> str | None:
     """None when every log-prob of every position the run shares with the golden (up to the first
     token change) and the logits' bias are within ``logit_golden/RECIPE``; else which, where and
     by how much."""
-    diff, tol = logit_golden_diff(recipe, stage, prompt, gen, held_as)
+    diff, tol = logit_golden_diff(recipe, stage, prompt, gen, held_as, model)
     if diff.within(tol):
         return None
     label = f"{held_as}:{stage} (held to {recipe}'s golden)" if held_as else f"{recipe}:{stage}"
-    return provenance_first(f"{label} logits for {prompt!r} moved: {diff.describe(tol)}")
+    return provenance_first(f"{label} logits for {prompt!r} moved: {diff.describe(tol)}", model)
 
 
 def check_prompt_golden(prompt: str, tokenizer) -> str | None:
@@ -211,12 +256,12 @@ def check_prompt_golden(prompt: str, tokenizer) -> str | None:
     return provenance_first(f"tokenize (chat template + tokenizer) changed what the model sees for {prompt!r}: {what}")
 
 
-def check_quality_golden(recipe: str, record: dict) -> str | None:
+def check_quality_golden(recipe: str, record: dict, model: str = "fixture") -> str | None:
     """None when each subset's mean KL from fp32 and same-top-1 rate stay within ``quality/RECIPE``
     of the golden (``atol``: |change| of the mean KL, ``mean``: of the same-top-1 rate)."""
     from harness.tolerances import observe, tolerance
 
-    want = read_json_golden(quality_golden_path(recipe))
+    want = read_json_golden(quality_golden_path(recipe, model))
     name = f"quality/{recipe}"
     tol = tolerance(name)
     bad = []
@@ -233,15 +278,15 @@ def check_quality_golden(recipe: str, record: dict) -> str | None:
     if not bad:
         return None
     return provenance_first(f"{recipe} quantization quality against fp32 moved: " + "; ".join(bad)
-                            + f" (tolerance {name}: KL mean {tol.atol}, same-top-1 {tol.mean})")
+                            + f" (tolerance {name}: KL mean {tol.atol}, same-top-1 {tol.mean})", model)
 
 
-def check_quantize_golden(recipe: str, record: dict) -> str | None:
+def check_quantize_golden(recipe: str, record: dict, model: str = "fixture") -> str | None:
     """None when every quantized tensor has the golden's codes exactly and its scales within
     ``quantize_golden/scale``; else the first tensors that moved."""
     from harness.tolerances import observe, tolerance
 
-    want = read_json_golden(quantize_golden_path(recipe))
+    want = read_json_golden(quantize_golden_path(recipe, model))
     tol = tolerance("quantize_golden/scale")
     bad = []
     for name in sorted(set(want) | set(record)):
@@ -267,4 +312,4 @@ def check_quantize_golden(recipe: str, record: dict) -> str | None:
     if not bad:
         return None
     return provenance_first(f"{recipe}:quantize (torchao's codes and scales) changed in {len(bad)} place(s): "
-                            + "; ".join(bad[:4]))
+                            + "; ".join(bad[:4]), model)

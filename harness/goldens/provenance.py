@@ -39,29 +39,53 @@ def fixture_sha256() -> str:
     return sha256_file(FIXTURE_DIR / "model.safetensors")
 
 
-def current_provenance(fixture_sha256_: str | None = None) -> dict:
+def current_provenance(fixture_sha256_: str | None = None, subject=None) -> dict:
+    """The stack now; for a user's checkpoint (``subject``), its id, directory and content hash in
+    place of the fixture's weights."""
     import platform
 
     from harness.versions import library_versions, source_hash
 
     libs = library_versions(NUMERIC_LIBRARIES)
-    return {
+    out = {
         **libs,
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpu_features": " ".join(cpu_features()),
         "harness_build_sha256": source_hash(),
-        "fixture_weights_sha256": fixture_sha256_ or fixture_sha256(),
+        **hub_kernels(),
     }
+    if subject is None or subject.is_fixture:
+        out["fixture_weights_sha256"] = fixture_sha256_ or fixture_sha256()
+    else:
+        out["model_id"] = subject.key
+    return out
+
+
+def hub_kernels() -> dict:
+    """How transformers' hub kernels were kept off: the process's USE_HUB_KERNELS and what every
+    load passes as ``use_kernels`` (absent: a transformers without hub kernels)."""
+    import os
+
+    from harness.models.load import no_hub_kernels
+
+    return {"USE_HUB_KERNELS": os.environ.get("USE_HUB_KERNELS"),
+            "use_kernels": str(no_hub_kernels().get("use_kernels", "not supported"))}
 
 
 # Keys of provenance.json that describe the stack (the rest is the gate's record).
 STACK_KEYS = NUMERIC_LIBRARIES + ("python", "machine", "cpu_features", "harness_build_sha256",
-                                  "fixture_weights_sha256")
+                                  "fixture_weights_sha256", "USE_HUB_KERNELS", "use_kernels")
+# A user's checkpoint: its own id (name and content hash) in place of the fixture's weights.
+MODEL_STACK_KEYS = tuple(k for k in STACK_KEYS if k != "fixture_weights_sha256") + ("model_id",)
 
 
-def recorded_provenance() -> dict:
-    path = provenance_path()
+def stack_keys(model: str = "fixture") -> tuple[str, ...]:
+    return STACK_KEYS if model == "fixture" else MODEL_STACK_KEYS
+
+
+def recorded_provenance(model: str = "fixture") -> dict:
+    path = provenance_path(model)
     if not path.is_file():
         return {}
     data = read_json_golden(path)
@@ -70,8 +94,8 @@ def recorded_provenance() -> dict:
     return data
 
 
-def provenance_diff(recorded: dict, current: dict) -> dict[str, tuple]:
-    return {k: (recorded.get(k), current.get(k)) for k in STACK_KEYS if recorded.get(k) != current.get(k)}
+def provenance_diff(recorded: dict, current: dict, model: str = "fixture") -> dict[str, tuple]:
+    return {k: (recorded.get(k), current.get(k)) for k in stack_keys(model) if recorded.get(k) != current.get(k)}
 
 
 REFRESH_HINT = ("to refresh: tox -e refresh (diffs every golden stage on the new stack), then "
@@ -79,11 +103,11 @@ REFRESH_HINT = ("to refresh: tox -e refresh (diffs every golden stage on the new
                 "'Goldens and the refresh flow')")
 
 
-def stack_note(recorded: dict | None = None, now: dict | None = None) -> str:
+def stack_note(recorded: dict | None = None, now: dict | None = None, model: str = "fixture") -> str:
     """One line for a failed golden: "" when the goldens were recorded under this very stack,
     otherwise which parts differ (recorded → running) and how to refresh."""
     if recorded is None:
-        path = provenance_path()
+        path = provenance_path(model)
         if not path.is_file():
             return f"the goldens have no provenance record ({path} is missing); {REFRESH_HINT}"
         try:
@@ -93,13 +117,20 @@ def stack_note(recorded: dict | None = None, now: dict | None = None) -> str:
         if not isinstance(recorded, dict):
             return f"{path} is not a JSON object; restore it from git"
     if now is None:
-        now = current_provenance()
-    diff = provenance_diff(recorded, now)
+        now = current_provenance() if model == "fixture" else {**current_provenance(subject=_Keyed(model))}
+    diff = provenance_diff(recorded, now, model)
     if not diff:
         return ""
     parts = [f"{k} {_short(a)} -> {_short(b)}" for k, (a, b) in diff.items()]
     return (f"the goldens were recorded under another stack ({', '.join(parts)}; recorded -> running); "
             + REFRESH_HINT)
+
+
+class _Keyed:
+    """Enough of a Subject for ``current_provenance``: its key."""
+
+    def __init__(self, key: str):
+        self.key, self.is_fixture = key, key == "fixture"
 
 
 def _short(value) -> str:

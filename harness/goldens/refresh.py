@@ -23,8 +23,9 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.goldens.checks import _tok, is_near_tie, logit_golden_diff, first_divergence, margin_at, quality, check_quantize_golden, check_quality_golden
-from harness.goldens.provenance import STACK_KEYS, current_provenance, provenance_diff, recorded_provenance
-from harness.goldens.store import GOLDEN_PROMPTS, MAX_NEW_TOKENS, STAGES, UPDATE_COMMAND, chain, encode_json, goldens_dir, logit_golden_path, logit_record, predecessor, prompt_golden_path, prompt_record, quality_golden_path, quantize_golden_path, quantize_record, read_json_golden, token_golden_path, token_record
+from harness.goldens.provenance import current_provenance, provenance_diff, recorded_provenance, stack_keys
+from harness.goldens.store import GOLDEN_PROMPTS, MAX_NEW_TOKENS, UPDATE_COMMAND, encode_json, goldens_dir, logit_golden_path, logit_record, prompt_golden_path, prompt_record, provenance_path, quality_golden_path, quantize_golden_path, quantize_record, read_json_golden, token_golden_path, token_record
+from harness.goldens.subject import Subject, fixture_subject
 from harness.recipes import GOLDEN_RECIPES, RECIPES
 from harness.tolerances import tolerance
 
@@ -40,19 +41,22 @@ class Computed:
     quantized: dict  # recipe -> quantize record (torchao's codes and scales)
     tokenizer: object
     provenance: dict
+    subject: Subject = field(default_factory=fixture_subject)
+    stage_stats: dict = field(default_factory=dict)  # "recipe:stage" -> seconds and peak RSS
 
     def files(self) -> dict[Path, object]:
-        """Every golden file (path -> JSON data) but provenance.json."""
+        """Every golden file of this subject (path -> JSON data) but its provenance."""
+        key, compact = self.subject.key, self.subject.logit_format == "compact"
         out: dict[Path, object] = {}
         for (recipe, stage, prompt), gen in self.runs.items():
-            out[token_golden_path(recipe, stage, prompt)] = token_record(prompt, gen.ids, self.tokenizer)
-            out[logit_golden_path(recipe, stage, prompt)] = logit_record(gen)
+            out[token_golden_path(recipe, stage, prompt, key)] = token_record(prompt, gen.ids, self.tokenizer)
+            out[logit_golden_path(recipe, stage, prompt, key)] = logit_record(gen, compact=compact)
         for prompt, record in self.prompts.items():
-            out[prompt_golden_path(prompt)] = record
+            out[prompt_golden_path(prompt, key)] = record
         for recipe, record in self.quality.items():
-            out[quality_golden_path(recipe)] = record
+            out[quality_golden_path(recipe, key)] = record
         for recipe, record in self.quantized.items():
-            out[quantize_golden_path(recipe)] = record
+            out[quantize_golden_path(recipe, key)] = record
         return out
 
 
@@ -87,9 +91,14 @@ def quality_record(reference_step, step) -> dict:
     return out
 
 
-def compute(run=None, pipeline=None, progress=print, with_quality: bool = True) -> Computed:
+def compute(run=None, pipeline=None, progress=print, with_quality: bool = True, subject: Subject | None = None) -> Computed:
     """The whole golden set on this stack. ``run(recipe, stage, prompt)`` and ``pipeline(recipe)``
-    default to fresh Pipelines (the tests pass their session's, so nothing is computed twice)."""
+    default to fresh Pipelines (the tests pass their session's, so nothing is computed twice).
+    A user's checkpoint (``subject``) goes through harness/goldens/checkpoint.py."""
+    if subject is not None and not subject.is_fixture:
+        from harness.goldens.checkpoint import compute_checkpoint
+
+        return compute_checkpoint(subject, progress=progress)
     if pipeline is None:
         from harness.pipeline import Pipeline
 
@@ -103,10 +112,11 @@ def compute(run=None, pipeline=None, progress=print, with_quality: bool = True) 
         def run(recipe, stage, prompt):
             return pipeline(recipe).run_stage(stage, prompt, MAX_NEW_TOKENS)
 
+    subject = fixture_subject()
     tok = pipeline("fp32").loaded.tokenizer
     runs = {}
     for prompt in GOLDEN_PROMPTS:
-        for recipe, stage in chain(GOLDEN_RECIPES):
+        for recipe, stage in subject.chain():
             runs[(recipe, stage, prompt)] = run(recipe, stage, prompt)
     prompts = {p: prompt_record(p, tok) for p in GOLDEN_PROMPTS}
     quantized = {r: quantize_record(pipeline(r).quantized) for r in QUANTIZED}
@@ -115,7 +125,7 @@ def compute(run=None, pipeline=None, progress=print, with_quality: bool = True) 
         for recipe in QUANTIZED:
             progress(f"quantization quality of {recipe} (.pte against fp32, teacher-forced) ...")
             qual[recipe] = quality_record(_stateless(pipeline("fp32")), pipeline(recipe).pte_step())
-    return Computed(runs, prompts, qual, quantized, tok, current_provenance())
+    return Computed(runs, prompts, qual, quantized, tok, current_provenance(), subject)
 
 
 def _stateless(fp32_pipeline):
@@ -155,10 +165,13 @@ def _old(path: Path):
 
 def assess(c: Computed, llamacpp: bool = True) -> Assessment:
     multiple = tolerance("refresh/logit_multiple").atol
-    out = Assessment(recorded=recorded_provenance(), now=c.provenance)
+    subject = c.subject
+    key = subject.key
+    out = Assessment(recorded=recorded_provenance(key), now=c.provenance)
     tok = c.tokenizer
-    for prompt in GOLDEN_PROMPTS:
-        old_prompt = _old(prompt_golden_path(prompt))
+    nodes = subject.chain()
+    for prompt in subject.prompts:
+        old_prompt = _old(prompt_golden_path(prompt, key))
         if old_prompt is None:
             out.changes.append(Change("new", repr(prompt), "no prompt golden yet", True))
         elif old_prompt != c.prompts[prompt]:
@@ -168,18 +181,18 @@ def assess(c: Computed, llamacpp: bool = True) -> Assessment:
                 f"{c.prompts[prompt]['rendered']!r} ids {c.prompts[prompt]['ids']}", False,
                 "what the model is fed changed (a template or tokenizer change is behaviour, not numerics)"))
         old_ids = {}
-        for recipe, stage in chain(GOLDEN_RECIPES):
-            rec = _old(token_golden_path(recipe, stage, prompt))
+        for recipe, stage in nodes:
+            rec = _old(token_golden_path(recipe, stage, prompt, key))
             old_ids[(recipe, stage)] = rec["ids"] if rec else None
-        new_ids = {(r, s): c.runs[(r, s, prompt)].ids for r, s in chain(GOLDEN_RECIPES)}
-        for recipe in sorted(GOLDEN_RECIPES, key=lambda r: (r != "fp32", r)):
+        new_ids = {(r, s): c.runs[(r, s, prompt)].ids for r, s in nodes}
+        for recipe in subject.chain_recipes():
             out.changes += _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok)
     for recipe, record in c.quantized.items():
-        out.changes += _quantize_changes(recipe, record)
+        out.changes += _quantize_changes(recipe, record, key)
     for recipe, record in c.quality.items():
-        out.changes += _quality_changes(recipe, record)
+        out.changes += _quality_changes(recipe, record, key)
     out.changes += _stale(c)
-    if llamacpp:
+    if llamacpp and subject.is_fixture:
         out.changes += _llamacpp(c)
     return out
 
@@ -190,7 +203,8 @@ def _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok) -> list[
     lp_by_stage = {}
     blocking = []
     logit_blocking = []
-    for stage in STAGES:
+    subject, key = c.subject, c.subject.key
+    for stage in subject.stages(recipe):
         node = (recipe, stage)
         gen = c.runs[(recipe, stage, prompt)]
         old = old_ids[node]
@@ -198,13 +212,13 @@ def _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok) -> list[
             changes.append(Change("new", f"{prompt!r} {recipe}:{stage}", "no golden yet", True))
             continue
         pos = first_divergence(old, gen.ids)
-        old_logits = _old(logit_golden_path(recipe, stage, prompt))
-        if old_logits is not None and old_logits and "logits" not in old_logits[0]:
+        old_logits = _old(logit_golden_path(recipe, stage, prompt, key))
+        if old_logits is not None and old_logits and not ({"logits", "sketch"} & set(old_logits[0])):
             changes.append(Change("format", f"{prompt!r} {recipe}:{stage}",
                                   "logit golden has no logit vectors (an older format)", False,
                                   "it cannot be compared; record the new format deliberately with --allow"))
         elif old_logits is not None:
-            diff, tol = logit_golden_diff(recipe, stage, prompt, gen)
+            diff, tol = logit_golden_diff(recipe, stage, prompt, gen, model=key)
             lp_by_stage[stage] = diff.max_logprob
             if not diff.within(tol, multiple):
                 logit_blocking.append(f"{stage}: {diff.describe(tol)}")
@@ -215,7 +229,7 @@ def _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok) -> list[
         if first is None:
             first = (stage, pos)
         margin = margin_at(gen, pos)
-        pred = predecessor(*node)
+        pred = subject.predecessor(*node)
         follows = (pred is not None and old_ids.get(pred) is not None and old == old_ids[pred]
                    and gen.ids == new_ids[pred] and old_ids[pred] != new_ids[pred])
         if not follows and not is_near_tie(margin):
@@ -240,28 +254,41 @@ def _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok) -> list[
     return changes
 
 
-def _quality_changes(recipe: str, record: dict) -> list[Change]:
-    if not quality_golden_path(recipe).is_file():
+def _quality_changes(recipe: str, record: dict, key: str = "fixture") -> list[Change]:
+    if not quality_golden_path(recipe, key).is_file():
         return [Change("new", f"quality {recipe}", "no quality golden yet", True)]
-    problem = check_quality_golden(recipe, record)
+    problem = check_quality_golden(recipe, record, key)
     return [] if problem is None else [Change("quality", recipe, problem, False, "quality beyond its budget")]
 
 
-def _quantize_changes(recipe: str, record: dict) -> list[Change]:
-    if not quantize_golden_path(recipe).is_file():
+def _quantize_changes(recipe: str, record: dict, key: str = "fixture") -> list[Change]:
+    if not quantize_golden_path(recipe, key).is_file():
         return [Change("new", f"quantize {recipe}", "no quantize golden yet", True)]
-    problem = check_quantize_golden(recipe, record)
+    problem = check_quantize_golden(recipe, record, key)
     return [] if problem is None else [Change("quantize", recipe, problem, False,
                                               "torchao now makes other codes or scales from the same weights")]
 
 
+SUBTREES = ("tokens", "logits", "prompts", "quality", "quantize")
+
+
+def subject_files(root: Path, key: str) -> list[Path]:
+    """Every golden file of one model under ``root`` (``SUBTREE/KEY/...``), its provenance included."""
+    out = [p for sub in SUBTREES if (root / sub / key).is_dir() for p in sorted((root / sub / key).rglob("*"))
+           if p.is_file()]
+    prov = root / provenance_path(key).relative_to(goldens_dir())
+    return out + ([prov] if prov.is_file() else [])
+
+
 def _stale(c: Computed) -> list[Change]:
-    """Golden files this stack no longer computes (a prompt or recipe removed): the update drops them."""
+    """Golden files of this model that this stack no longer computes (a prompt or recipe removed):
+    the update drops them. Other models' goldens are not this run's business."""
     root = goldens_dir()
     wanted = {p.resolve() for p in c.files()}
     out = []
-    for sub in ("tokens", "logits", "prompts", "quality", "quantize"):
-        for path in sorted((root / sub).rglob("*.json")) if (root / sub).is_dir() else []:
+    for sub in SUBTREES:
+        where = root / sub / c.subject.key
+        for path in sorted(where.rglob("*.json")) if where.is_dir() else []:
             if path.resolve() not in wanted:
                 out.append(Change("stale", str(path.relative_to(root)), "no longer recorded; the update removes it", True))
     return out
@@ -271,7 +298,7 @@ def _llamacpp(c: Computed) -> list[Change]:
     try:
         from harness.goldens.agreement import llamacpp_agreement
 
-        problems = llamacpp_agreement({p: c.runs[("fp32", "hf_generate", p)] for p in GOLDEN_PROMPTS})
+        problems = llamacpp_agreement({p: c.runs[("fp32", "hf_generate", p)] for p in c.subject.prompts})
     except HarnessError as e:
         return [Change("llamacpp", "fp32", f"the independent check could not run: {e}", False,
                        "llama.cpp must agree with the new fp32 goldens")]
@@ -280,94 +307,229 @@ def _llamacpp(c: Computed) -> list[Change]:
 
 
 # ---- writing ----------------------------------------------------------------------------------
-def new_provenance(a: Assessment, allow: str | None) -> dict:
-    prov = {k: a.now[k] for k in STACK_KEYS}
+def new_provenance(a: Assessment, allow: str | None, subject: Subject | None = None, extra: dict | None = None) -> dict:
+    """The stack now and the gate's record; for a checkpoint also what the goldens are of (its id,
+    directory, prompts, recipes, stage chain, how long each stage took)."""
+    key = subject.key if subject is not None else "fixture"
+    keys = stack_keys(key)
+    prov = {k: a.now[k] for k in keys}
     history = list(a.recorded.get("accepted_over_the_gate", []))
     if allow is not None and a.blockers:
         history.append({
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "reason": allow,
             "blocked": [b.line() for b in a.blockers],
-            "recorded_stack": {k: a.recorded.get(k) for k in STACK_KEYS},
-            "new_stack": {k: a.now.get(k) for k in STACK_KEYS},
+            "recorded_stack": {k: a.recorded.get(k) for k in keys},
+            "new_stack": {k: a.now.get(k) for k in keys},
         })
     prov["accepted_over_the_gate"] = history
+    if subject is not None and not subject.is_fixture:
+        prov.update({"model_directory": subject.spec, "prompts": list(subject.prompts),
+                     "recipes": list(subject.recipes), "stages": [f"{r}:{s}" for r, s in subject.chain()],
+                     "synthetic_weights": subject.synthetic, "max_context": subject.max_context,
+                     **(extra or {})})
     return prov
 
 
 def write_goldens(c: Computed, provenance: dict) -> None:
-    """The whole set, provenance included, built beside the goldens directory, each file read back
-    and checked, then swapped in: a crash leaves the old set (or, between the two renames, the old
-    set under ``.goldens-old``, which the next write puts back first)."""
+    """This model's whole set, provenance included, swapped in at once: a new goldens directory is
+    built beside the old one (this model's files written, fsynced and read back; every other
+    model's hard-linked unchanged), then the two directories are exchanged in one ``renameat2``
+    (RENAME_EXCHANGE). A kill at any instant leaves the old set or the new, never a mix; where the
+    file system cannot exchange, two renames, and a kill between them leaves the old set under
+    ``.NAME-old``, which ``recover()`` (every diff and update, first) puts back."""
     root = goldens_dir().resolve()
+    recover(root)
     stage_dir = root.parent / f".{root.name}-new.{os.getpid()}"
-    old_dir = root.parent / f".{root.name}-old"
-    if not root.exists() and old_dir.exists():
-        old_dir.rename(root)
     shutil.rmtree(stage_dir, ignore_errors=True)
     files = {path.resolve().relative_to(root): data for path, data in c.files().items()}
-    files[Path("provenance.json")] = provenance
-    for rel, data in files.items():
-        target = stage_dir / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        blob = encode_json(data)
-        with open(target, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        if target.read_bytes() != blob:
-            shutil.rmtree(stage_dir, ignore_errors=True)
-            raise HarnessError(f"golden {target} did not read back as written", "check the disk and retry")
-    shutil.rmtree(old_dir, ignore_errors=True)
-    if root.exists():
+    files[provenance_path(c.subject.key).resolve().relative_to(root)] = provenance
+    mine = {p.relative_to(root) for p in subject_files(root, c.subject.key)} if root.is_dir() else set()
+    try:
+        if root.is_dir():
+            for path in sorted(root.rglob("*")):
+                rel = path.relative_to(root)
+                if path.is_file() and rel not in mine and rel not in files:
+                    (stage_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                    os.link(path, stage_dir / rel)
+        for rel, data in files.items():
+            target = stage_dir / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            blob = encode_json(data)
+            with open(target, "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            if target.read_bytes() != blob:
+                raise HarnessError(f"golden {target} did not read back as written", "check the disk and retry")
+        _fsync_dir(stage_dir)
+    except BaseException:
+        shutil.rmtree(stage_dir, ignore_errors=True)
+        raise
+    if not root.exists():
+        stage_dir.rename(root)
+    elif exchange(stage_dir, root):
+        shutil.rmtree(stage_dir, ignore_errors=True)  # now the old set
+    else:
+        old_dir = root.parent / f".{root.name}-old"
+        shutil.rmtree(old_dir, ignore_errors=True)
         root.rename(old_dir)
-    stage_dir.rename(root)
-    shutil.rmtree(old_dir, ignore_errors=True)
+        stage_dir.rename(root)
+        shutil.rmtree(old_dir, ignore_errors=True)
+    _fsync_dir(root.parent)
+
+
+def recover(root: Path | None = None) -> None:
+    """Put back a goldens directory left under ``.NAME-old`` by a write killed between its two
+    renames (the fallback where the file system cannot exchange), and drop half-built new ones."""
+    root = (root or goldens_dir()).resolve()
+    old_dir = root.parent / f".{root.name}-old"
+    if not root.exists() and old_dir.is_dir():
+        old_dir.rename(root)
+    for stale in root.parent.glob(f".{root.name}-new.*") if root.parent.is_dir() else ():
+        pid = stale.name.rsplit(".", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    AT_FDCWD, RENAME_EXCHANGE = -100, 2
+    rc = fn(AT_FDCWD, os.fsencode(str(a)), AT_FDCWD, os.fsencode(str(b)), RENAME_EXCHANGE)
+    return rc == 0
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_writable(root: Path) -> None:
+    """Before minutes of work: the goldens directory (or, for a first record, where it would be
+    made) must take a new file and a new directory beside it, which the swap needs."""
+    import tempfile
+
+    root = Path(root)
+    parent = root.resolve().parent
+    probe_dirs = [parent] + ([root] if root.exists() else [])
+    for d in probe_dirs:
+        try:
+            if not d.is_dir():
+                raise NotADirectoryError(d)
+            fd, name = tempfile.mkstemp(prefix=".harness-probe-", dir=d)
+            os.close(fd)
+            os.unlink(name)
+        except OSError as e:
+            raise HarnessError(f"the goldens directory {root} is not writable ({d}: {e.strerror or type(e).__name__})",
+                               "pass --goldens DIR on a writable file system (its parent must be writable too)") from None
 
 
 # ---- the two commands -------------------------------------------------------------------------
-def print_provenance(a: Assessment, say=print) -> None:
-    changed = provenance_diff(a.recorded, a.now)
+def print_provenance(a: Assessment, say=print, model: str = "fixture") -> None:
+    changed = provenance_diff(a.recorded, a.now, model)
     say("provenance (recorded -> now):")
-    for key in STACK_KEYS:
+    for key in stack_keys(model):
         say(f"  {key}: {a.recorded.get(key)} -> {a.now.get(key)}" + ("  changed" if key in changed else ""))
 
 
-def diff_main(computed: Computed | None = None, say=print, progress=print) -> int:
-    recorded_provenance()  # a broken goldens directory is one line before minutes of work
-    c = computed or compute(progress=progress)
+def print_stage_stats(c: Computed, say=print) -> None:
+    if c.stage_stats:
+        say("stages (seconds, peak RSS):")
+        for name, row in c.stage_stats.items():
+            say(f"  {name}: {row['seconds']:.1f} s, peak RSS {row['peak_rss_gib']:.2f} GiB")
+
+
+def _prepare(subject: Subject | None, for_update: bool) -> Subject:
+    """The one-line checks before minutes of work: a readable goldens directory (and a writable
+    one for an update), and, for ``diff``, goldens recorded for this very checkpoint."""
+    from harness.goldens.subject import recorded_subject_problem
+
+    subject = subject or fixture_subject()
+    root = goldens_dir()
+    if for_update:
+        check_writable(root)
+        recover(root)
+    recorded_provenance(subject.key)
+    if not for_update and (problem := recorded_subject_problem(subject)):
+        raise HarnessError(*problem)
+    return subject
+
+
+def diff_main(computed: Computed | None = None, say=print, progress=print, subject: Subject | None = None,
+              recipes=None) -> int:
+    from harness.goldens.subject import recorded_subject_problem
+
+    subject = computed.subject if computed is not None else subject
+    subject = _prepare(subject, for_update=False)
+    if recipes and (problem := recorded_subject_problem(subject, recipes)):
+        raise HarnessError(*problem)
+    c = computed or compute(progress=progress, subject=subject)
     a = assess(c)
-    print_provenance(a, say)
+    print_provenance(a, say, subject.key)
+    print_stage_stats(c, say)
     real = a.changes
+    update = UPDATE_COMMAND + ("" if subject.is_fixture else f" --model {subject.spec} --goldens {goldens_dir()}")
     if not real:
-        say("\nno golden changed: every stage still says exactly what it said")
+        say(f"\nno golden changed: every stage of {subject.describe()} still says exactly what it said")
         return 0
-    say(f"\n{len(real)} change(s) against the committed goldens:")
+    say(f"\n{len(real)} change(s) against the recorded goldens of {subject.describe()}:")
     for ch in real:
         say(ch.line())
     if a.blockers:
         say(f"\n{len(a.blockers)} of them block a refresh: report a clear-margin change upstream with this "
-            f"output; `{UPDATE_COMMAND} --allow REASON` records them anyway, with the reason.")
+            f"output; `{update} --allow REASON` records them anyway, with the reason.")
     else:
-        say(f"\nevery change is numerics: accept them with `{UPDATE_COMMAND}`.")
+        say(f"\nevery change is numerics: accept them with `{update}`.")
     return 1
 
 
-def update_main(allow: str | None = None, computed: Computed | None = None, say=print, progress=print) -> int:
+def update_main(allow: str | None = None, computed: Computed | None = None, say=print, progress=print,
+                subject: Subject | None = None) -> int:
     if allow is not None and not allow.strip():
         raise HarnessError("--allow needs a reason", 'say why, e.g. --allow "torchao 0.19 rounds scales differently"')
-    recorded_provenance()
-    c = computed or compute(progress=progress)
+    subject = computed.subject if computed is not None else subject
+    subject = _prepare(subject, for_update=True)
+    first = not subject.is_fixture and not recorded_provenance(subject.key)
+    c = computed or compute(progress=progress, subject=subject)
     a = assess(c)
-    print_provenance(a, say)
-    for ch in a.changes:
-        say(ch.line())
+    print_provenance(a, say, subject.key)
+    print_stage_stats(c, say)
+    if first:
+        say(f"first record for {subject.describe()}: nothing to diff yet "
+            f"({len(subject.prompts)} prompt(s), stages {' -> '.join(f'{r}:{s}' for r, s in subject.chain())})")
+    else:
+        for ch in a.changes:
+            say(ch.line())
     if a.blockers and allow is None:
         say(f"\nnot updated: {len(a.blockers)} change(s) are not numerics (above); nothing was written. If they "
             f"are intended, `{UPDATE_COMMAND} --allow \"REASON\"` records them with the reason.")
         return 1
-    write_goldens(c, new_provenance(a, allow))
-    what = f"{len(a.changes)} change(s)" if a.changes else "no change"
-    say(f"\ngoldens updated in {goldens_dir()} ({what}"
+    write_goldens(c, new_provenance(a, allow, subject, {"stage_stats": c.stage_stats} if c.stage_stats else None))
+    what = "first record" if first else (f"{len(a.changes)} change(s)" if a.changes else "no change")
+    say(f"\ngoldens of {subject.describe()} updated in {goldens_dir()} ({what}"
         + (f"; {len(a.blockers)} accepted over the gate: {allow!r}" if a.blockers else "") + ")")
     return 0

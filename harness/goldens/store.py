@@ -10,6 +10,12 @@ Every golden is keyed by data, never by a test's name: (model, recipe, stage, pr
     goldens/quality/MODEL/RECIPE.json             KL divergence from fp32 and same-top-1 rate
     goldens/provenance.json                       the stack they were recorded under, and every
                                                   refresh accepted over the gate's objection
+    goldens/provenance/MODEL.json                 the same for a user's checkpoint (MODEL is its
+                                                  id, NAME-HASH12), with its prompts and recipes
+
+A user's checkpoint (262,144 logits per position at E2B) keeps a compact logit record instead of
+the whole vector (``logit_record(gen, compact=True)``): the top 256 log-probs exactly, a signed
+sketch of every centred logit (256 tokens a bucket), and the logits' mean.
 
 Only ``harness goldens update`` writes them (``harness/goldens/refresh.py``, the gate).
 ``HARNESS_GOLDENS_DIR`` points everything at another copy (the harness's own tests use it).
@@ -88,8 +94,13 @@ def quality_golden_path(recipe: str, model: str = "fixture") -> Path:
     return goldens_dir() / "quality" / model / f"{recipe}.json"
 
 
-def provenance_path() -> Path:
-    return goldens_dir() / "provenance.json"
+def provenance_path(model: str = "fixture") -> Path:
+    """The fixture's ``provenance.json``; a checkpoint's ``provenance/MODEL.json``."""
+    return goldens_dir() / "provenance.json" if model == "fixture" else model_provenance_dir() / f"{model}.json"
+
+
+def model_provenance_dir() -> Path:
+    return goldens_dir() / "provenance"
 
 
 def read_json_golden(path: Path):
@@ -150,17 +161,62 @@ def unpack_logits(text: str):
     return torch.from_numpy(np.frombuffer(base64.b64decode(text), dtype="<f4").copy())
 
 
-def logit_record(gen) -> list[dict]:
-    """At each generated position: the top-5 ids and log-probs (6 decimals, for people) and the
-    whole logit vector (float32, for the comparison)."""
+def logit_record(gen, compact: bool = False) -> list[dict]:
+    """At each generated position: the top-5 ids and log-probs (6 decimals, for people) and, for
+    the comparison, the whole logit vector (float32), or with ``compact`` the compact record."""
     out = []
     for logits in gen.step_logits:
         logits = logits.float()
-        top = logits.log_softmax(-1).topk(TOP_K)
-        out.append({"ids": [int(i) for i in top.indices],
-                    "logprobs": [round(float(v), 6) for v in top.values],
-                    "logits": pack_logits(logits.numpy())})
+        lp = logits.log_softmax(-1)
+        top = lp.topk(TOP_K)
+        row = {"ids": [int(i) for i in top.indices], "logprobs": [round(float(v), 6) for v in top.values]}
+        row.update(compact_logits(logits) if compact else {"logits": pack_logits(logits.numpy())})
+        out.append(row)
     return out
+
+
+# ---- the compact logit record -----------------------------------------------------------------
+# At a 262,144-token vocabulary a whole float32 vector is 1 MB per position: 4 prompts x 9
+# positions x 4 stages would be 150 MB of goldens per recipe. What the comparisons need instead:
+# - the top HEAD_K log-probs and their ids, exactly: every token an answer could pick, and the
+#   top-2 margins the gate reads;
+# - a signed sketch of the whole vector: token i adds sign(i) * (logit_i - mean) to bucket(i), with
+#   SKETCH_BUCKET tokens a bucket (fixed hashes of the id). A token anywhere in the tail rising by
+#   1 nat moves its bucket by 1, while benign noise grows only with the bucket's random walk
+#   (``logit_golden/sketch``); centring makes it blind to a constant shift, which ...
+# - ... the logits' mean catches (the bias the full record compared).
+# 256 + 1,024 floats and 256 ids: about 9 KB of JSON a position at E2B, 1.3 MB for 4 prompts x
+# 9 positions x 4 stages.
+HEAD_K = 256
+SKETCH_BUCKET = 256
+
+
+def sketch_layout(vocab: int):
+    """(bucket index, sign) per token id: multiplicative hashes of the id, the same everywhere."""
+    import torch
+
+    ids = torch.arange(vocab, dtype=torch.int64)
+    buckets = max(1, -(-vocab // SKETCH_BUCKET))
+    index = ((ids * 0x9E3779B1) & 0xFFFFFFFF) % buckets
+    sign = ((((ids * 0x85EBCA6B) & 0xFFFFFFFF) >> 16) & 1).float() * 2 - 1
+    return index, sign, buckets
+
+
+def sketch(logits):
+    import torch
+
+    logits = logits.float()
+    index, sign, buckets = sketch_layout(logits.numel())
+    centred = (logits - logits.mean()).double() * sign.double()
+    return torch.zeros(buckets, dtype=torch.float64).index_add_(0, index, centred).float()
+
+
+def compact_logits(logits) -> dict:
+    lp = logits.float().log_softmax(-1)
+    head = lp.topk(min(HEAD_K, lp.numel()))
+    return {"head_ids": [int(i) for i in head.indices], "head_logprobs": pack_logits(head.values.numpy()),
+            "sketch": pack_logits(sketch(logits).numpy()), "mean": float(logits.float().mean()),
+            "vocab": int(lp.numel())}
 
 
 # ---- the quantize stage itself ----------------------------------------------------------------
@@ -168,11 +224,13 @@ def quantize_golden_path(recipe: str, model: str = "fixture") -> Path:
     return goldens_dir() / "quantize" / model / f"{recipe}.json"
 
 
-def quantize_record(model) -> dict:
+def quantize_record(model, digest_scales: bool = False) -> dict:
     """Every quantized tensor of a model as torchao made it: its scales (float32, base64) and a
     sha256 of its integer codes and zero points. A quantized model's logits move by 0.3 under a
     1e-6 nudge upstream (INT8 activation codes flip), so a 10% change of one scale hides in them;
-    here it is exact."""
+    here it is exact. ``digest_scales`` (a user's checkpoint: E2B has 145 million scales, 770 MB
+    as JSON): the scales too as a sha256, so any change of a scale is named, exactly, without the
+    relative tolerance the fixture's stored scales allow."""
     import hashlib
 
     out = {}
@@ -187,7 +245,7 @@ def quantize_record(model) -> dict:
             data = getattr(t, part, None)
             if data is None:
                 continue
-            if part == "scale":
+            if part == "scale" and not digest_scales:
                 rec["scale"] = pack_logits(data.detach().float().reshape(-1).numpy())
                 rec["scale_shape"] = list(data.shape)
             else:

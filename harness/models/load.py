@@ -4,7 +4,6 @@ checkpoint directory (including a real Gemma 4 E2B snapshot, text decoder only).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,13 +34,34 @@ class LoadedModel:
 
 
 def _dir_identity(directory: Path) -> str:
-    """sha256 over every file's name and full content (about 10 s per 10 GB of weights)."""
-    h = hashlib.sha256()
-    for path in sorted(directory.iterdir()):
-        if path.is_file():
-            h.update(path.name.encode())
-            h.update(sha256_file(path).encode())
-    return h.hexdigest()
+    """sha256 over every file's name and full content, each file read once and then remembered by
+    its stat (harness/models/identity.py)."""
+    from harness.models.identity import content_hash
+
+    return content_hash(directory)
+
+
+def no_hub_kernels() -> dict:
+    """``from_pretrained`` keyword arguments that keep transformers' hub kernels off: 5.25 turns an
+    absent ``use_kernels`` into True (unless USE_HUB_KERNELS=0, which harness/__init__.py sets too),
+    which replaces layers with kernels downloaded at run time. Only for a transformers that has them
+    (``PreTrainedModel.set_use_kernels``); an older one would pass the word on to the config."""
+    from transformers import PreTrainedModel
+
+    return {"use_kernels": False} if hasattr(PreTrainedModel, "set_use_kernels") else {}
+
+
+def drop_fusion_config(config) -> list[str]:
+    """transformers 5.24+ registers "fusion patches" (other modules than the stock ones) from a
+    ``fusion_config`` in the checkpoint's config.json; the harness guards the stock modules, so it
+    drops one and says so in ``LoadedModel.meta`` (what it dropped)."""
+    fusion = getattr(config, "fusion_config", None)
+    if not fusion:
+        return []
+    config.__dict__.pop("fusion_config", None)
+    if getattr(config, "fusion_config", None):
+        config.fusion_config = None
+    return sorted(fusion) if isinstance(fusion, dict) else [str(fusion)]
 
 
 def _load_tokenizer(directory: Path):
@@ -91,22 +111,38 @@ def load_fixture(directory: Path = FIXTURE_DIR) -> LoadedModel:
     return load_directory(directory, name="fixture", identity=sha256_file(directory / "model.safetensors"))
 
 
-def load_directory(directory: Path, name: str | None = None, identity: str | None = None) -> LoadedModel:
+def checkpoint_dtype(directory: Path) -> str:
+    """The dtype the checkpoint's config says its weights are in (``bfloat16`` for Gemma 4)."""
+    raw = json.loads((Path(directory) / "config.json").read_text())
+    text = raw.get("text_config") or {}
+    return str(text.get("dtype") or text.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype") or "float32")
+
+
+def load_directory(directory: Path, name: str | None = None, identity: str | None = None,
+                   dtype: str = "float32") -> LoadedModel:
     """A local checkpoint: a Gemma4ForCausalLM directory, or a full Gemma 4 (multimodal) snapshot
-    whose text decoder is extracted without loading the vision/audio towers."""
+    whose text decoder is extracted without loading the vision/audio towers. In FP32 unless
+    ``dtype`` says otherwise (the reference stage of a large checkpoint runs in its own bf16)."""
     import torch
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
     directory = Path(directory)
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise HarnessError(f"{directory}: unknown weight dtype {dtype!r}", "pass float32, bfloat16 or float16")
     check_model_dir(directory)
     raw = json.loads((directory / "config.json").read_text())
     model_type = raw.get("model_type")
     if model_type == "gemma4_text":
+        config = Gemma4TextConfig.from_pretrained(str(directory))
+        dropped = drop_fusion_config(config)
         model = Gemma4ForCausalLM.from_pretrained(
-            str(directory), dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
+            str(directory), config=config, dtype=torch_dtype, attn_implementation=ATTN_IMPLEMENTATION,
+            **no_hub_kernels(),
         )
     elif model_type == "gemma4":
-        model = _load_text_decoder_from_multimodal(directory, raw, Gemma4TextConfig, Gemma4ForCausalLM)
+        model, dropped = _load_text_decoder_from_multimodal(directory, raw, Gemma4TextConfig, Gemma4ForCausalLM,
+                                                            torch_dtype)
     else:
         raise HarnessError(
             f"{directory}/config.json has model_type {model_type!r}, not a Gemma 4 model",
@@ -120,6 +156,7 @@ def load_directory(directory: Path, name: str | None = None, identity: str | Non
         name=name or str(directory),
         identity=identity or _dir_identity(directory),
         directory=directory,
+        meta={"dropped_fusion_config": dropped} if dropped else {},
     )
 
 
@@ -135,7 +172,7 @@ def load_directory_meta(directory, model, **meta) -> LoadedModel:
                        identity=_dir_identity(directory), directory=directory, meta=dict(meta))
 
 
-def _load_text_decoder_from_multimodal(directory: Path, raw: dict, config_cls, model_cls):
+def _load_text_decoder_from_multimodal(directory: Path, raw: dict, config_cls, model_cls, torch_dtype=None):
     """The text decoder of a multimodal snapshot (``model.language_model.*``, or the older
     ``language_model.model.*``), through transformers' own loader with a key mapping: it reads the
     shards lazily, materialises the non-persistent buffers (RoPE tables, embedding scales) that a
@@ -149,9 +186,13 @@ def _load_text_decoder_from_multimodal(directory: Path, raw: dict, config_cls, m
             f"{directory}/config.json has no text_config", "pass a Gemma 4 snapshot with a text decoder"
         )
     text_cfg.pop("model_type", None)
+    if raw.get("fusion_config"):
+        text_cfg.setdefault("fusion_config", raw["fusion_config"])
     config = config_cls(**text_cfg)
+    dropped = drop_fusion_config(config)
     model, info = model_cls.from_pretrained(
-        str(directory), config=config, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION,
+        str(directory), config=config, dtype=torch_dtype or torch.float32, attn_implementation=ATTN_IMPLEMENTATION,
+        **no_hub_kernels(),
         key_mapping={r"^model\.language_model\.": "model.", r"^language_model\.model\.": "model."},
         output_loading_info=True,
     )
@@ -165,7 +206,7 @@ def _load_text_decoder_from_multimodal(directory: Path, raw: dict, config_cls, m
     for name, buf in list(model.named_buffers()):
         if buf.is_meta:
             raise HarnessError(f"buffer {name} was not initialised", "report this checkpoint layout")
-    return model
+    return model, dropped
 
 
 def read_config_file(path: Path) -> dict:

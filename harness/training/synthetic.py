@@ -65,7 +65,7 @@ SMALL_LAYERS = 10
 SMALL_TEXT: dict = {
     **E2B_TEXT, "vocab_size": 2048, "vocab_size_per_layer_input": 2048, "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": SMALL_LAYERS, "num_attention_heads": 4, "head_dim": 16, "global_head_dim": 32,
-    "sliding_window": 8, "hidden_size_per_layer_input": 16, "num_kv_shared_layers": 4, "max_position_embeddings": 512,
+    "sliding_window": 8, "hidden_size_per_layer_input": 32, "num_kv_shared_layers": 4, "max_position_embeddings": 512,
     "layer_types": ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(SMALL_LAYERS)],
 }
 SHAPES = {"e2b": E2B_TEXT, "small": SMALL_TEXT}
