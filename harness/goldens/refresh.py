@@ -382,24 +382,16 @@ def write_goldens(c: Computed, provenance: dict) -> None:
 def recover(root: Path | None = None) -> None:
     """Put back a goldens directory left under ``.NAME-old`` by a write killed between its two
     renames (the fallback where the file system cannot exchange), and drop half-built new ones."""
+    from harness.atomic import _pid_alive
+
     root = (root or goldens_dir()).resolve()
     old_dir = root.parent / f".{root.name}-old"
     if not root.exists() and old_dir.is_dir():
         old_dir.rename(root)
     for stale in root.parent.glob(f".{root.name}-new.*") if root.parent.is_dir() else ():
         pid = stale.name.rsplit(".", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not _pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def exchange(a: Path, b: Path) -> bool:
