@@ -68,7 +68,7 @@ def reference_memory_check(subject: Subject, skip: bool = False) -> None:
 def compute_checkpoint(subject: Subject, progress=print, skip_memory_check: bool = False):
     from harness.build.preflight import checked_pipeline
     from harness.goldens.provenance import current_provenance
-    from harness.goldens.refresh import Computed
+    from harness.goldens.write import Computed
     from harness.models.load import checkpoint_dtype, load_directory
     from harness.pipeline import encode_prompt, transformers_generate
     from harness.program import ExportSettings
