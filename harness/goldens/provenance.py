@@ -67,10 +67,13 @@ def hub_kernels() -> dict:
     load passes as ``use_kernels`` (absent: a transformers without hub kernels)."""
     import os
 
-    from harness.models.load import no_hub_kernels
+    try:  # the Pi 5 bundle runs without transformers: nothing is loaded there, so nothing to say
+        from harness.models.load import no_hub_kernels
 
-    return {"USE_HUB_KERNELS": os.environ.get("USE_HUB_KERNELS"),
-            "use_kernels": str(no_hub_kernels().get("use_kernels", "not supported"))}
+        use = str(no_hub_kernels().get("use_kernels", "not supported"))
+    except ImportError:
+        use = "no transformers"
+    return {"USE_HUB_KERNELS": os.environ.get("USE_HUB_KERNELS"), "use_kernels": use}
 
 
 # Keys of provenance.json that describe the stack (the rest is the gate's record).
