@@ -166,3 +166,46 @@ def test_fast_pte_in_executorch_llm_runner(pipeline, golden_tokens_for):
                                                       add_generation_prompt=True, tokenize=False)
         out = runner.generate_text(text, max_new_tokens=9)
         assert out.ids == golden_tokens_for("8da4w", "pte", prompt), f"{prompt!r}: {out.ids} {out.text!r}"
+
+
+def _whole_table_floats(ep, shape) -> list[str]:
+    """Nodes of an exported program that make a float tensor of the table's whole shape."""
+    out = []
+    for node in ep.graph_module.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "call_function" and hasattr(val, "shape") and val.dtype.is_floating_point \
+                and all(isinstance(d, int) for d in val.shape) and tuple(val.shape) == tuple(shape):
+            out.append(f"{node.target}")
+    return out
+
+
+def test_the_per_layer_table_is_gathered_row_first_never_dequantized_whole(pipeline):
+    """torchao's lookup of an INT8-per-row table dequantizes all of it on every call: at E2B size
+    9.4 GB of float32 per step of the eager model and of the exported .pt2, which took
+    ``goldens update`` on an E2B-shaped checkpoint past 23 GiB until it was killed. The fast
+    wrapper gathers the rows' codes, zero points and scales first (harness/build/fast/embedding.py):
+    bit-exact with torchao's lookup, and no tensor of the table's size in the program."""
+    import torch
+
+    from harness.build.fast.embedding import GatheredTable, gathered_table
+
+    p = pipeline(FAST)
+    table = p.quantized.model.embed_tokens_per_layer
+    shape = tuple(table.weight.shape)
+    ids = torch.tensor([[2, 105, 7, 9, shape[0] - 1]])
+    rows = gathered_table(table)
+    assert isinstance(rows, GatheredTable)
+    assert torch.equal(rows(ids), table(ids)), "the gathered lookup is not bit-exact with torchao's"
+
+    class Lookup(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids):
+            return self.inner(ids)
+
+    whole = _whole_table_floats(torch.export.export(Lookup(table), (ids,)), shape)
+    assert whole, "torchao's own lookup should dequantize the whole table (the check would see nothing)"
+    assert not _whole_table_floats(torch.export.export(Lookup(rows), (ids,)), shape)
+    assert not _whole_table_floats(p.exported, shape), "the exported fast program dequantizes the whole table"

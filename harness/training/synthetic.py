@@ -30,7 +30,12 @@ model. The tokenizer is the fixture's, its ids moved so the specials sit where G
 eos 1, bos 2, unk 3, ``<|turn>`` 105, ``<turn|>`` 106) and padded with ``<unused_N>`` pieces to the
 vocabulary size.
 
-``--shape small`` is the same architecture at toy size, for tests.
+``--shape small`` is the same architecture at toy size, for tests, with one difference: its final
+norm's weights are ``FINAL_NORM["small"]`` (50), not ones. A random model's answers are all
+near-ties (top-2 margins under 0.2 logits on the default prompts), so the refresh gate, which
+refuses a token change only where the margin is clear (``refresh/near_tie``, 2.5), could never
+refuse one on it. Scaling the final norm scales every logit before the softcap: the same greedy
+answers, margins up to 5 (measured on the 4 default prompts, bf16), like a trained model's.
 """
 
 from __future__ import annotations
@@ -75,6 +80,13 @@ CHUNK_ELEMENTS = 1 << 26  # rows drawn at a time: 256 MB of float32
 QK_NORM = -0.25  # q_norm and k_norm weights are head_dim ** QK_NORM (the module docstring says why)
 WEIGHTS = ("seeded random: N(0, initializer_range) matrices, ones for norms and layer scalars, "
            "head_dim^-1/4 for the attention's q_norm and k_norm")
+FINAL_NORM = {"small": 50.0}  # the final norm's weights per shape (the module docstring says why); else ones
+
+
+def weights_scheme(shape: str) -> str:
+    """What the marker records of how the weights were drawn (a change makes older ones stale)."""
+    scale = FINAL_NORM.get(shape)
+    return WEIGHTS + (f"; final norm weights {scale:g}" if scale else "")
 
 
 def text_config(shape: str) -> dict:
@@ -135,14 +147,17 @@ def random_tensor(name: str, shape: tuple[int, ...], kind: str, std: float, seed
     return out
 
 
-def random_weights(config: dict, seed: int = 0, shapes=None, before=None):
+def random_weights(config: dict, seed: int = 0, shapes=None, before=None, final_norm: float = 1.0):
     """(checkpoint name, bf16 tensor) for every text tensor of ``config``, one at a time;
-    ``before(i, name, dims)`` is called before each is drawn."""
+    ``before(i, name, dims)`` is called before each is drawn. ``final_norm``: the final norm's weights."""
+    from harness.models.checkpoint import TEXT_PREFIX
+
     std = float(config["initializer_range"])
     for i, (name, dims, kind) in enumerate(shapes or tensor_shapes(config)):
         if before is not None:
             before(i, name, dims)
-        yield name, random_tensor(name, dims, kind, std, seed)
+        t = random_tensor(name, dims, kind, std, seed)
+        yield name, (t * final_norm if name == TEXT_PREFIX + "norm.weight" else t)
 
 
 def write_tokenizer(out: Path, vocab_size: int) -> None:
@@ -218,11 +233,11 @@ def make_checkpoint(out: Path, shape: str = "e2b", seed: int = 0, shard_bytes: i
         with tempfile.TemporaryDirectory(prefix=".tokenizer-", dir=out.parent) as tok_dir:
             write_tokenizer(Path(tok_dir), int(config["vocab_size"]))
             config["eos_token_id"] = [SPECIAL_IDS["<eos>"], SPECIAL_IDS["<turn|>"]]
-            write_checkpoint(building, config, random_weights(config, seed, shapes, before), Path(tok_dir),
+            write_checkpoint(building, config, random_weights(config, seed, shapes, before, FINAL_NORM.get(shape, 1.0)), Path(tok_dir),
                              shard_bytes=shard_bytes, dtype="bfloat16")
         (building / MARKER).write_text(json.dumps(
             {"shape": shape, "seed": seed, "bytes": need, "written_by": "harness make-checkpoint",
-             "weights": WEIGHTS},
+             "weights": weights_scheme(shape)},
             indent=1) + "\n")
         if out.exists():
             out.rmdir()
@@ -248,7 +263,7 @@ def stale_weights(directory: Path) -> str | None:
         marker = None
     if not isinstance(marker, dict):
         return f"{directory}/{MARKER} is unreadable or not a JSON object; regenerate the checkpoint (harness make-checkpoint)"
-    if marker.get("weights") != WEIGHTS:
+    if marker.get("weights") != weights_scheme(marker.get("shape", "e2b")):
         return (f"{directory} holds an older weight scheme ({marker.get('weights')!r}), chaotic under rounding; "
                 f"regenerate it: harness make-checkpoint --shape {marker.get('shape', 'e2b')} NEW_DIR")
     return None

@@ -48,11 +48,11 @@ def portable_op_budget(config, tied: bool = True) -> dict[str, tuple[int, str]]:
             2 * len(set(types)), "RoPE cos and sin rows gathered at cache_position, one table per "
             "layer type (a gather; XNNPACK has none)"),
         "aten.embedding.default": (
-            int(ple) + int(not tied), "the per-layer (and an untied token) embedding lookups "
-            "(gathers); quantized tables become quantized_decomposed::embedding_byte / embedding_4bit "
-            "at to_executorch"),
+            3 * int(ple) + int(not tied), "the per-layer table gathered row first (its INT8 codes, "
+            "zero points and scales, harness/build/fast/embedding.py: torchao's lookup dequantizes the "
+            "whole table) and an untied token table's lookup (gathers; XNNPACK has none)"),
         "torchao.dequantize_affine.default": (
-            int(ple) + int(not tied), "those quantized tables' dequantization, fused with the gather "
+            int(not tied), "an untied quantized token table's dequantization, fused with its gather "
             "into embedding_byte / embedding_4bit at to_executorch (only the gathered rows)"),
         "quantized_decomposed.embedding_4bit.dtype": (
             int(tied), "the token lookup in the shared INT4 table: a gather of the rows (XNNPACK has "
@@ -70,4 +70,8 @@ def portable_op_budget(config, tied: bool = True) -> dict[str, tuple[int, str]]:
     }
     if has_sliding:
         budget.update({op: (count, _MASK_REASON) for op, count in _MASK_OPS.items()})
+    if ple:  # the gathered INT8 codes to float32 (XNNPACK converts no integer tensors)
+        count, why = budget.get("dim_order_ops._to_dim_order_copy.default", (0, ""))
+        budget["dim_order_ops._to_dim_order_copy.default"] = (
+            count + 1, (why + "; " if why else "") + "the per-layer table's gathered INT8 codes to float32")
     return {op: v for op, v in budget.items() if v[0] > 0}

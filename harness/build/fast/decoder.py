@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.build.fast.embedding import gathered_table
 from harness.build.fast.tied import tied_table
 from harness.errors import HarnessError
 from harness.oplib import load_custom_ops_for_export
@@ -96,7 +97,8 @@ class FastGemma4(torch.nn.Module):
         self.norm = inner.norm
         self.ple_dim = int(cfg.hidden_size_per_layer_input or 0)
         if self.ple_dim:
-            self.embed_tokens_per_layer = inner.embed_tokens_per_layer
+            # row first: torchao's lookup dequantizes the whole INT8 table on every call
+            self.embed_tokens_per_layer = gathered_table(inner.embed_tokens_per_layer)
             self.per_layer_model_projection = inner.per_layer_model_projection
             self.per_layer_projection_norm = inner.per_layer_projection_norm
             self.per_layer_model_projection_scale = float(inner.per_layer_model_projection_scale)

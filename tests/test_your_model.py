@@ -1,0 +1,359 @@
+"""Your model, not only ours: the goldens cycle on a Gemma 4 checkpoint that is not the fixture.
+
+A fresh ``harness make-checkpoint --shape small`` (the multimodal, sharded layout of the real E2B
+at toy width) gets its goldens recorded into a temporary goldens directory, exactly as a user
+would with ``harness goldens update --model DIR --goldens DIR``; then the cycle every upgrade runs:
+diff clean on the command line (a fresh process recomputes every stage), a clear-margin token
+tampered (diff exits 1 and names prompt, recipe and stage), the update refused with every file
+byte-identical, and ``--allow REASON`` accepted and recorded. The compact logit goldens
+(top 256 + sketch, harness/goldens/store.py) and the digested quantize golden keep their teeth.
+
+The stages are computed once per session (module fixture); the lowering of the small checkpoint
+is most of this file's time (README, 'Your own model').
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.goldens.store import logit_golden_path, read_json_golden, token_golden_path
+from tests.support import run_cli
+
+pytestmark = pytest.mark.mac
+RECIPE = "8da4w-fast"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("yours") / "my-gemma4"
+    rc, stdout, stderr = run_cli(["make-checkpoint", "--shape", "small", str(out), "--shard-gb", "0.0005"])
+    assert rc == 0, stdout + stderr
+    assert len(list(out.glob("model-*-of-*.safetensors"))) > 1, "not the sharded layout"
+    return out
+
+
+@pytest.fixture(scope="module")
+def recorded(checkpoint, tmp_path_factory):
+    """The first ``goldens update --model DIR --goldens DIR``: (goldens dir, Computed, its output)."""
+    from harness.goldens.refresh import compute, update_main
+    from harness.goldens.subject import subject_for
+
+    root = tmp_path_factory.mktemp("theirs") / "goldens"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HARNESS_GOLDENS_DIR", str(root))
+    try:
+        subject = subject_for(str(checkpoint))
+        lines: list[str] = []
+        computed = compute(subject=subject, progress=lines.append)
+        assert update_main(computed=computed, say=lines.append) == 0, "\n".join(lines)
+    finally:
+        mp.undo()
+    return root, computed, "\n".join(lines)
+
+
+@pytest.fixture
+def goldens(recorded, tmp_path, monkeypatch) -> Path:
+    """A copy of the recorded goldens, pointed at, for a test that tampers with them."""
+    root = tmp_path / "goldens"
+    shutil.copytree(recorded[0], root)
+    monkeypatch.setenv("HARNESS_GOLDENS_DIR", str(root))
+    return root
+
+
+def _snapshot(root: Path) -> dict:
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _harness(*argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "HARNESS_GOLDENS_DIR"}
+    return subprocess.run([sys.executable, "-m", "harness", *argv], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_the_first_update_records_every_stage_of_a_checkpoint_that_is_not_the_fixture(recorded, checkpoint):
+    root, computed, out = recorded
+    subject = computed.subject
+    key = subject.key
+    assert key.startswith("my-gemma4-") and "first record" in out, out
+    assert subject.chain() == [("reference-bf16", "hf_generate")] + [(RECIPE, s) for s in ("eager", "exported", "pte")]
+    prov = json.loads((root / "provenance" / f"{key}.json").read_text())
+    assert prov["model_id"] == key and prov["model_directory"] == str(checkpoint)
+    assert prov["synthetic_weights"] is True and prov["recipes"] == [RECIPE]
+    assert prov["stages"] == [f"{r}:{s}" for r, s in subject.chain()]
+    for stage in ("reference-bf16:hf_generate", f"{RECIPE}:eager", f"{RECIPE}:exported", f"{RECIPE}:pte"):
+        row = prov["stage_stats"][stage]
+        assert row["seconds"] >= 0 and row["peak_rss_gib"] > 0, (stage, row)
+        assert f"{stage}: " in out and "peak RSS" in out
+    for prompt in subject.prompts:
+        for recipe, stage in subject.chain():
+            assert (root / "tokens" / key / recipe / stage).is_dir()
+            assert computed.runs[(recipe, stage, prompt)].ids, (recipe, stage, prompt)
+    window = json.loads((checkpoint / "config.json").read_text())["text_config"]["sliding_window"]
+    longest = max(len(computed.prompts[p]["ids"]) for p in subject.prompts)
+    assert longest > window, f"no default prompt crosses the sliding window of {window} ({longest} tokens)"
+
+
+def test_goldens_diff_on_the_command_line_recomputes_every_stage_and_finds_nothing(recorded, checkpoint):
+    """A fresh process: the reference, eager and exported stages recomputed, the cached .pt2 and
+    .pte reloaded. Exit 0 only if every token, logit, prompt and quantize golden still holds."""
+    root, computed, _ = recorded
+    before = _snapshot(root)
+    done = _harness("goldens", "diff", "--model", str(checkpoint), "--goldens", str(root))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "no golden changed" in done.stdout and computed.subject.key in done.stdout
+    assert _snapshot(root) == before, "diff wrote to the goldens"
+
+
+def _clear_margin_position(gen) -> tuple[int, int]:
+    """The generated position with the clearest top-2 margin and the runner-up id there. The small
+    shape's final norm (harness/training/synthetic.py) is what gives a random model clear margins."""
+    from harness.tolerances import tolerance
+
+    best = max(range(len(gen.step_logits)), key=lambda i: float(gen.step_logits[i].topk(2).values.diff().abs()))
+    top = gen.step_logits[best].topk(2)
+    margin = float(top.values[0] - top.values[1])
+    assert margin > tolerance("refresh/near_tie").atol, f"no clear margin anywhere (best {margin:.3f})"
+    return best, int(top.indices[1])
+
+
+def test_a_tampered_token_fails_the_diff_and_the_update_is_refused_then_allowed(goldens, recorded, capsys):
+    from harness.goldens.refresh import diff_main, update_main
+
+    _, computed, _ = recorded
+    key, prompt = computed.subject.key, computed.subject.prompts[0]
+    gen = computed.runs[(RECIPE, "pte", prompt)]
+    pos, other = _clear_margin_position(gen)
+    path = token_golden_path(RECIPE, "pte", prompt, key)
+    record = json.loads(path.read_text())
+    record["ids"][pos] = other
+    path.write_text(json.dumps(record))
+
+    assert diff_main(computed=computed) == 1
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if l.startswith("- [tokens]"))
+    assert repr(prompt) in line and f"first diverging stage {RECIPE}:pte at generated position {pos}" in line, out
+    assert "BLOCKS the refresh" in line and "clear-margin" in line
+
+    before = _snapshot(goldens)
+    assert update_main(computed=computed) == 1
+    assert "nothing was written" in capsys.readouterr().out
+    assert _snapshot(goldens) == before, "a refused update changed files"
+
+    assert update_main(allow="testing the gate on my own model", computed=computed) == 0
+    capsys.readouterr()
+    prov = json.loads((goldens / "provenance" / f"{key}.json").read_text())
+    entry = prov["accepted_over_the_gate"][-1]
+    assert entry["reason"] == "testing the gate on my own model" and any(repr(prompt) in b for b in entry["blocked"])
+    assert json.loads(path.read_text())["ids"] == gen.ids
+    assert diff_main(computed=computed) == 0, capsys.readouterr().out
+
+
+def test_the_command_line_diff_of_a_tampered_golden_exits_1_naming_prompt_recipe_and_stage(goldens, recorded, checkpoint):
+    """The same verdict through the real command line (exit codes: README)."""
+    _, computed, _ = recorded
+    key, prompt = computed.subject.key, computed.subject.prompts[1]
+    gen = computed.runs[(RECIPE, "exported", prompt)]
+    pos, other = _clear_margin_position(gen)
+    path = token_golden_path(RECIPE, "exported", prompt, key)
+    record = json.loads(path.read_text())
+    record["ids"][pos] = other
+    path.write_text(json.dumps(record))
+    done = _harness("goldens", "diff", "--model", str(checkpoint), "--goldens", str(goldens))
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"first diverging stage {RECIPE}:exported at generated position {pos}" in done.stdout
+    assert repr(prompt) in done.stdout
+
+
+# ---- teeth of the compact goldens (a 262,144-token vocabulary is stored as top 256 + a sketch) ----
+def _transformed(gen, fn):
+    return dataclasses.replace(gen, step_logits=[fn(i, l.clone()) for i, l in enumerate(gen.step_logits)])
+
+
+def test_a_tail_token_outside_the_top_256_rising_one_nat_fails_the_compact_logit_golden(goldens, recorded):
+    from harness.goldens.checks import check_logit_golden
+
+    _, computed, _ = recorded
+    key, prompt = computed.subject.key, computed.subject.prompts[0]
+    node = ("reference-bf16", "hf_generate")
+    gen = computed.runs[(*node, prompt)]
+    assert check_logit_golden(*node, prompt, gen, model=key) is None
+    golden = read_json_golden(logit_golden_path(*node, prompt, key))
+    pos = 1
+    assert "sketch" in golden[pos] and len(golden[pos]["head_ids"]) == 256
+    tail = int(gen.step_logits[pos].argsort(descending=True)[1000])
+    assert tail not in golden[pos]["head_ids"], "the tail token is stored exactly: not a test of the sketch"
+
+    def bump(i, logits):
+        if i == pos:
+            logits[tail] += 1.0
+        return logits
+
+    problem = check_logit_golden(*node, prompt, _transformed(gen, bump), model=key)
+    assert problem is not None and "reference-bf16:hf_generate" in problem and f"position {pos}" in problem, problem
+
+
+def test_a_constant_shift_of_the_logits_fails_the_compact_logit_golden_on_its_bias(goldens, recorded):
+    from harness.goldens.checks import check_logit_golden
+
+    _, computed, _ = recorded
+    key, prompt = computed.subject.key, computed.subject.prompts[0]
+    node = ("reference-bf16", "hf_generate")
+    gen = computed.runs[(*node, prompt)]
+    problem = check_logit_golden(*node, prompt, _transformed(gen, lambda i, l: l + 0.01), model=key)
+    assert problem is not None and "bias" in problem, problem
+
+
+def test_a_ten_percent_change_of_one_scale_fails_the_digested_quantize_golden(goldens, recorded, checkpoint):
+    """A user's quantize golden stores the scales as a sha256 (E2B has 145 million): any change of
+    one scale is named, exactly."""
+    from harness.goldens.checks import check_quantize_golden
+    from harness.goldens.store import quantize_record
+    from harness.pipeline import Pipeline
+
+    _, computed, _ = recorded
+    key = computed.subject.key
+    model = Pipeline(str(checkpoint), RECIPE).quantized
+    assert check_quantize_golden(RECIPE, quantize_record(model, digest_scales=True), key) is None
+    for name, module in model.named_modules():
+        if name.endswith("mlp.gate_proj") and hasattr(module.weight, "scale"):
+            module.weight.scale.view(-1)[0] *= 1.1
+            break
+    else:
+        raise AssertionError("no quantized gate_proj with a scale")
+    problem = check_quantize_golden(RECIPE, quantize_record(model, digest_scales=True), key)
+    assert problem is not None and f"{name}.weight scale changed" in problem, problem
+
+
+# ---- bad input: one line, exit 2, nothing written --------------------------------------------------
+def _one_error(argv: list[str], expected: str) -> None:
+    rc, stdout, stderr = run_cli(argv)
+    errors = [l for l in stderr.splitlines() if l.startswith("harness: error:")]
+    assert rc == 2, (rc, stdout[-2000:], stderr[-2000:])
+    assert len(errors) == 1 and expected in errors[0], stderr
+    assert "Traceback" not in stderr
+
+
+def _copy(checkpoint: Path, where: Path) -> Path:
+    out = where / checkpoint.name
+    shutil.copytree(checkpoint, out)
+    return out
+
+
+def test_a_directory_that_is_not_a_gemma4_checkpoint(goldens, checkpoint, tmp_path):
+    other = _copy(checkpoint, tmp_path)
+    config = json.loads((other / "config.json").read_text())
+    config["model_type"] = "llama"
+    (other / "config.json").write_text(json.dumps(config))
+    before = _snapshot(goldens)
+    _one_error(["goldens", "update", "--model", str(other), "--goldens", str(goldens)], "is not a Gemma 4 checkpoint")
+    assert _snapshot(goldens) == before
+
+
+def test_a_tokenizer_that_does_not_match_the_vocabulary(goldens, checkpoint, tmp_path):
+    from harness.training.synthetic import write_tokenizer
+
+    other = _copy(checkpoint, tmp_path)
+    write_tokenizer(other, 4096)  # another model's tokenizer: twice the small shape's 2048 ids
+    before = _snapshot(goldens)
+    _one_error(["goldens", "diff", "--model", str(other), "--goldens", str(goldens)],
+               "the tokenizer has 4096 tokens, the model's vocabulary 2048")
+    assert _snapshot(goldens) == before
+
+
+def test_goldens_recorded_for_another_model_with_the_same_name(goldens, recorded, checkpoint, tmp_path):
+    """The same directory name, one weight changed: another content hash, so another model id."""
+    other = _copy(checkpoint, tmp_path)
+    shard = sorted(other.glob("model-*-of-*.safetensors"))[-1]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0x01
+    shard.write_bytes(bytes(data))
+    _one_error(["goldens", "diff", "--model", str(other), "--goldens", str(goldens)],
+               f"were recorded for {recorded[1].subject.key}, not my-gemma4-")
+
+
+def test_goldens_recorded_for_another_recipe(goldens, checkpoint):
+    _one_error(["goldens", "diff", "--model", str(checkpoint), "--goldens", str(goldens), "--recipe", "8da4w"],
+               f"were recorded for {RECIPE}, not 8da4w")
+
+
+def test_a_prompt_file_with_a_malformed_line(goldens, checkpoint, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "What is the capital of France?"}\n{"prompt": "Who wrote\n')
+    before = _snapshot(goldens)
+    _one_error(["goldens", "update", "--model", str(checkpoint), "--goldens", str(goldens), "--prompts", str(prompts)],
+               f"{prompts}:2 is not valid JSON")
+    assert _snapshot(goldens) == before
+
+
+def test_a_goldens_directory_that_is_not_writable(checkpoint, tmp_path):
+    """Under a regular file (root ignores permission bits, a file in the path stops everyone)."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file\n")
+    _one_error(["goldens", "update", "--model", str(checkpoint), "--goldens", str(blocker / "goldens")],
+               "is not writable")
+    assert blocker.read_text() == "a file\n"
+
+
+_WRITER = r"""
+import json, os, sys
+from pathlib import Path
+from types import SimpleNamespace
+
+os.environ["HARNESS_GOLDENS_DIR"] = sys.argv[1]
+from harness.goldens.store import goldens_dir
+from harness.goldens.write import SUBTREES, write_goldens
+
+root, key = goldens_dir(), sys.argv[2]
+files = {p: json.loads(p.read_text()) for sub in SUBTREES for p in (root / sub / key).rglob("*.json")}
+provenance = json.loads((root / "provenance" / f"{key}.json").read_text())
+print("writing", flush=True)
+n = 0
+while True:
+    n += 1
+    c = SimpleNamespace(subject=SimpleNamespace(key=key), files=lambda: {p: {"generation": n, "was": d} for p, d in files.items()})
+    write_goldens(c, {**provenance, "generation": n})
+"""
+
+
+def _generations(root: Path, key: str) -> tuple[set, int]:
+    """Which write each of this model's files is from (0: the recorded set), and how many there are."""
+    from harness.goldens.write import SUBTREES
+
+    paths = [p for sub in SUBTREES for p in (root / sub / key).rglob("*.json")] + [root / "provenance" / f"{key}.json"]
+    tags = set()
+    for p in paths:
+        data = json.loads(p.read_text())
+        tags.add(data.get("generation", 0) if isinstance(data, dict) else 0)
+    return tags, len(paths)
+
+
+@pytest.mark.parametrize("kill_after", [0.0, 0.15, 0.4, 0.8])
+def test_an_update_killed_mid_write_leaves_the_old_goldens_or_the_new_never_a_mix(goldens, recorded, kill_after):
+    import signal
+    import time
+
+    key = recorded[1].subject.key
+    _, count = _generations(goldens, key)
+    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(goldens), key], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert child.stdout.readline().strip() == "writing"
+        time.sleep(kill_after)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    from harness.goldens.write import recover
+
+    recover(goldens)  # what every later diff and update does first
+    generations, after = _generations(goldens, key)
+    assert after == count, "files of this model went missing or appeared"
+    assert len(generations) == 1, f"a mix of writes: generations {sorted(generations)}"
+    assert not list(goldens.parent.glob(f".{goldens.name}-*")), "a staging directory was left behind"
