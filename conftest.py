@@ -109,6 +109,13 @@ def pytest_addoption(parser, pluginmanager):
     if not pluginmanager.hasplugin("syrupy"):  # where syrupy is installed it registers the option itself
         parser.addoption("--snapshot-update", action="store_true",
                          help="refused: goldens are rewritten only by `harness goldens update` (the gate)")
+    yours = parser.getgroup("your model (tests/test_your_goldens.py)")
+    yours.addoption("--harness-model", metavar="DIR", default=os.environ.get("HARNESS_MODEL"),
+                    help="your Gemma 4 checkpoint directory: its recorded goldens are checked stage by stage "
+                         "(default $HARNESS_MODEL; record them first with harness goldens update --model DIR)")
+    yours.addoption("--harness-goldens", metavar="DIR", default=os.environ.get("HARNESS_MODEL_GOLDENS"),
+                    help="where --harness-model's goldens are (goldens update --goldens DIR; default "
+                         "$HARNESS_MODEL_GOLDENS, else the repository's goldens/)")
     group = parser.getgroup("harness benchmarks")
     group.addoption("--pi5-force", action="store_true",
                     help="run the pi5 tier on a machine that is not a Raspberry Pi 5 (a dry run)")

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from harness.goldens.store import logit_golden_path, read_json_golden, token_golden_path
-from tests.support import run_cli
+from support import run_cli
 
 pytestmark = pytest.mark.mac
 RECIPE = "8da4w-fast"
@@ -83,12 +83,12 @@ def test_the_first_update_records_every_stage_of_a_checkpoint_that_is_not_the_fi
     subject = computed.subject
     key = subject.key
     assert key.startswith("my-gemma4-") and "first record" in out, out
-    assert subject.chain() == [("reference-bf16", "hf_generate")] + [(RECIPE, s) for s in ("eager", "exported", "pte")]
+    assert subject.chain() == [("reference-bf16", "hf_generate")] + [(RECIPE, s) for s in ("eager", "exported", "pte", "native")]
     prov = json.loads((root / "provenance" / f"{key}.json").read_text())
     assert prov["model_id"] == key and prov["model_directory"] == str(checkpoint)
     assert prov["synthetic_weights"] is True and prov["recipes"] == [RECIPE]
     assert prov["stages"] == [f"{r}:{s}" for r, s in subject.chain()]
-    for stage in ("reference-bf16:hf_generate", f"{RECIPE}:eager", f"{RECIPE}:exported", f"{RECIPE}:pte"):
+    for stage in ("reference-bf16:hf_generate", f"{RECIPE}:eager", f"{RECIPE}:exported", f"{RECIPE}:pte", f"{RECIPE}:native"):
         row = prov["stage_stats"][stage]
         assert row["seconds"] >= 0 and row["peak_rss_gib"] > 0, (stage, row)
         assert f"{stage}: " in out and "peak RSS" in out
@@ -96,6 +96,8 @@ def test_the_first_update_records_every_stage_of_a_checkpoint_that_is_not_the_fi
         for recipe, stage in subject.chain():
             assert (root / "tokens" / key / recipe / stage).is_dir()
             assert computed.runs[(recipe, stage, prompt)].ids, (recipe, stage, prompt)
+        # the torch-free runner the device bundle runs says what the Python runtime says
+        assert computed.runs[(RECIPE, "native", prompt)].ids == computed.runs[(RECIPE, "pte", prompt)].ids
     window = json.loads((checkpoint / "config.json").read_text())["text_config"]["sliding_window"]
     longest = max(len(computed.prompts[p]["ids"]) for p in subject.prompts)
     assert longest > window, f"no default prompt crosses the sliding window of {window} ({longest} tokens)"
@@ -112,25 +114,30 @@ def test_goldens_diff_on_the_command_line_recomputes_every_stage_and_finds_nothi
     assert _snapshot(root) == before, "diff wrote to the goldens"
 
 
-def _clear_margin_position(gen) -> tuple[int, int]:
-    """The generated position with the clearest top-2 margin and the runner-up id there. The small
-    shape's final norm (harness/training/synthetic.py) is what gives a random model clear margins."""
+def _clearest(computed, stage: str) -> tuple[str, int, int]:
+    """(prompt, generated position, runner-up id) where ``stage``'s top-2 margin is clearest. The
+    small shape's final norm (harness/training/synthetic.py) is what gives a random model clear
+    margins at all."""
     from harness.tolerances import tolerance
 
-    best = max(range(len(gen.step_logits)), key=lambda i: float(gen.step_logits[i].topk(2).values.diff().abs()))
-    top = gen.step_logits[best].topk(2)
-    margin = float(top.values[0] - top.values[1])
-    assert margin > tolerance("refresh/near_tie").atol, f"no clear margin anywhere (best {margin:.3f})"
-    return best, int(top.indices[1])
+    def margin(prompt, i):
+        top = computed.runs[(RECIPE, stage, prompt)].step_logits[i].topk(2).values
+        return float(top[0] - top[1])
+
+    prompt, pos = max(((p, i) for p in computed.subject.prompts
+                       for i in range(len(computed.runs[(RECIPE, stage, p)].step_logits))), key=lambda pi: margin(*pi))
+    best = margin(prompt, pos)
+    assert best > tolerance("refresh/near_tie").atol, f"no clear margin anywhere in {stage} (best {best:.3f})"
+    return prompt, pos, int(computed.runs[(RECIPE, stage, prompt)].step_logits[pos].topk(2).indices[1])
 
 
 def test_a_tampered_token_fails_the_diff_and_the_update_is_refused_then_allowed(goldens, recorded, capsys):
     from harness.goldens.refresh import diff_main, update_main
 
     _, computed, _ = recorded
-    key, prompt = computed.subject.key, computed.subject.prompts[0]
+    key = computed.subject.key
+    prompt, pos, other = _clearest(computed, "pte")
     gen = computed.runs[(RECIPE, "pte", prompt)]
-    pos, other = _clear_margin_position(gen)
     path = token_golden_path(RECIPE, "pte", prompt, key)
     record = json.loads(path.read_text())
     record["ids"][pos] = other
@@ -156,20 +163,35 @@ def test_a_tampered_token_fails_the_diff_and_the_update_is_refused_then_allowed(
     assert diff_main(computed=computed) == 0, capsys.readouterr().out
 
 
-def test_the_command_line_diff_of_a_tampered_golden_exits_1_naming_prompt_recipe_and_stage(goldens, recorded, checkpoint):
-    """The same verdict through the real command line (exit codes: README)."""
+def test_pytest_harness_model_checks_every_golden_and_fails_only_the_tampered_one(goldens, recorded, checkpoint):
+    """``pytest -m mac --harness-model DIR --harness-goldens GOLDENS`` (tests/test_your_goldens.py) in
+    a fresh process, on goldens with one exported-stage token changed: every other golden passes;
+    that token's test and the whole diff fail, naming recipe, stage and prompt."""
     _, computed, _ = recorded
-    key, prompt = computed.subject.key, computed.subject.prompts[1]
-    gen = computed.runs[(RECIPE, "exported", prompt)]
-    pos, other = _clear_margin_position(gen)
+    key = computed.subject.key
+    prompt, pos, other = _clearest(computed, "exported")
     path = token_golden_path(RECIPE, "exported", prompt, key)
     record = json.loads(path.read_text())
     record["ids"][pos] = other
     path.write_text(json.dumps(record))
-    done = _harness("goldens", "diff", "--model", str(checkpoint), "--goldens", str(goldens))
-    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"first diverging stage {RECIPE}:exported at generated position {pos}" in done.stdout
-    assert repr(prompt) in done.stdout
+    env = {k: v for k, v in os.environ.items() if k not in ("HARNESS_GOLDENS_DIR", "HARNESS_MODEL")}
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "mac", "tests/test_your_goldens.py", "-q", "-rf",
+                           "-p", "no:cacheprovider", "--harness-model", str(checkpoint), "--harness-goldens", str(goldens)],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    out = done.stdout
+    assert done.returncode == 1, out[-4000:] + done.stderr[-2000:]
+    failed = [l for l in out.splitlines() if l.startswith("FAILED")]
+    assert len(failed) == 2, out[-4000:]
+    assert any(f"test_your_token_golden[{RECIPE}:exported:{prompt[:30]}]" in l for l in failed), failed
+    assert any("test_your_goldens_diff_is_clean" in l for l in failed), failed
+    import re
+
+    subject = computed.subject
+    n, nodes = len(subject.prompts), len(subject.chain())
+    with_logits = nodes - 1  # the native runner's golden is its tokens
+    want = n + (n * nodes - 1) + n * with_logits + len(subject.recipes)  # prompts, tokens, logits, quantize
+    assert re.search(rf"\b2 failed, {want} passed, {n} skipped\b", out), out[-2000:]
 
 
 # ---- teeth of the compact goldens (a 262,144-token vocabulary is stored as top 256 + a sketch) ----
@@ -220,7 +242,7 @@ def test_a_ten_percent_change_of_one_scale_fails_the_digested_quantize_golden(go
 
     _, computed, _ = recorded
     key = computed.subject.key
-    model = Pipeline(str(checkpoint), RECIPE).quantized
+    model = Pipeline(str(checkpoint), RECIPE).quantized  # (FP32 load + quantize: the small shape, seconds)
     assert check_quantize_golden(RECIPE, quantize_record(model, digest_scales=True), key) is None
     for name, module in model.named_modules():
         if name.endswith("mlp.gate_proj") and hasattr(module.weight, "scale"):
@@ -357,3 +379,96 @@ def test_an_update_killed_mid_write_leaves_the_old_goldens_or_the_new_never_a_mi
     assert after == count, "files of this model went missing or appeared"
     assert len(generations) == 1, f"a mix of writes: generations {sorted(generations)}"
     assert not list(goldens.parent.glob(f".{goldens.name}-*")), "a staging directory was left behind"
+
+
+# ---- the device bundle for your model ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model_bundle(recorded, checkpoint, tmp_path_factory) -> Path:
+    from support import require_arm_tools
+
+    require_arm_tools()
+    out = tmp_path_factory.mktemp("device") / "bundle"
+    rc, stdout, stderr = run_cli(["bench", "bundle", str(out), "--model", str(checkpoint), "--goldens", str(recorded[0]),
+                                  "--recipe", RECIPE])
+    assert rc == 0, stdout[-2000:] + stderr[-2000:]
+    assert "goldens checked on aarch64 cortex-a76 (emulated)" in stdout, stdout
+    return out
+
+
+def test_the_model_bundle_holds_its_pte_as_a_hard_link_into_the_cache(model_bundle, recorded, checkpoint):
+    from harness.bench.bundle import read_manifest
+    from harness.build.preflight import checked_pipeline
+    from harness.program import ExportSettings
+
+    manifest = read_manifest(model_bundle)
+    m = manifest["model"]
+    subject = recorded[1].subject
+    assert m["id"] == subject.key and m["recipe"] == RECIPE and m["goldens_stage"] == "native"
+    assert manifest["fixture"] is None and manifest["bench"] is None
+    assert [p["prompt"] for p in m["prompts"]] == list(subject.prompts)
+    assert all(p["golden"] == recorded[1].runs[(RECIPE, "native", p["prompt"])].ids for p in m["prompts"])
+    assert all(0 <= p["exact_upto"] <= len(p["golden"]) for p in m["prompts"])
+    cached = checked_pipeline(str(checkpoint), RECIPE, ExportSettings(max_context=subject.max_context)).pte_path
+    bundled = model_bundle / m["pte"]
+    assert m["pte_stored"] == "hard link" and os.stat(bundled).st_ino == os.stat(cached).st_ino, \
+        "the bundle wrote a second copy of the cached .pte"
+    assert (model_bundle / m["tokenizer"]).read_bytes() == (checkpoint / "tokenizer.json").read_bytes()
+
+
+def test_the_pi5_tier_checks_your_model_torch_free_under_emulation(model_bundle, tmp_path):
+    """``pytest -m pi5 --pi5-force --pi5-emulate cortex-a76 --pi5-bundle DIR`` from an interpreter with
+    only pytest and pytest-benchmark: your model's goldens through the bundle's aarch64 runner, and
+    its benchmark row (emulated)."""
+    from test_pi5_emulated import device_pytest
+
+    out = tmp_path / "pi5.json"
+    run = device_pytest(tmp_path, model_bundle, "--benchmark-json", str(out))
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "PASSED tests/test_pi5.py::test_pi5_goldens_native_runner" in run.stdout, run.stdout[-3000:]
+    rows = [b["extra_info"] for b in json.loads(out.read_text())["benchmarks"]]
+    assert [r["recipe"] for r in rows] == [RECIPE] and rows[0]["model"].startswith("my-gemma4-"), rows
+    assert rows[0]["emulated"] == "qemu cortex-a76" and rows[0]["decode_tok_s"] > 0
+
+
+def test_a_wrong_golden_in_the_model_bundle_fails_on_the_device(model_bundle, tmp_path):
+    from test_pi5_emulated import device_pytest
+
+    bad = tmp_path / "bad-bundle"
+    shutil.copytree(model_bundle, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    p = max(manifest["model"]["prompts"], key=lambda p: p["exact_upto"])
+    assert p["exact_upto"] > 0, "no prompt is held exactly anywhere"
+    p["golden"][0] = (p["golden"][0] + 1) % 2048
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    run = device_pytest(tmp_path, bad, "-k", "goldens_native_runner")
+    assert run.returncode == 1, run.stdout[-3000:]
+    assert f"{manifest['model']['id']} {RECIPE}" in run.stdout and "!= golden" in run.stdout, run.stdout[-3000:]
+
+
+def test_a_model_bundle_needs_recorded_goldens(checkpoint, tmp_path):
+    _one_error(["bench", "bundle", str(tmp_path / "b"), "--model", str(checkpoint), "--goldens", str(tmp_path / "none")],
+               "has no goldens for my-gemma4-")
+    assert not (tmp_path / "b").exists() and not (tmp_path / "b.partial").exists()
+
+
+def _cached_pte(checkpoint: Path, subject) -> Path:
+    from harness.build.preflight import checked_pipeline
+    from harness.program import ExportSettings
+
+    return checked_pipeline(str(checkpoint), RECIPE, ExportSettings(max_context=subject.max_context)).pte_path
+
+
+def test_verify_holds_a_pte_to_your_models_goldens(goldens, recorded, checkpoint):
+    _, computed, _ = recorded
+    subject = computed.subject
+    pte = _cached_pte(checkpoint, subject)
+    rc, stdout, stderr = run_cli(["verify", "--pte", str(pte), "--model", str(checkpoint), "--goldens", str(goldens)])
+    assert rc == 0, stdout + stderr
+    assert f"{len(subject.prompts)}/{len(subject.prompts)} prompts equal the {RECIPE}:pte goldens of {subject.key}" in stdout
+    prompt = subject.prompts[2]
+    path = token_golden_path(RECIPE, "pte", prompt, subject.key)
+    record = json.loads(path.read_text())
+    record["ids"][0] = (record["ids"][0] + 1) % 2048
+    path.write_text(json.dumps(record))
+    rc, stdout, stderr = run_cli(["verify", "--pte", str(pte), "--model", str(checkpoint), "--goldens", str(goldens)])
+    assert rc == 1 and "FAIL" in stdout and f"{len(subject.prompts) - 1}/{len(subject.prompts)}" in stdout, stdout + stderr

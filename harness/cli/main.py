@@ -176,6 +176,9 @@ def cmd_verify(args) -> int:
         raise HarnessError(f"{args.pte} lacks the runner metadata method(s) {', '.join(missing)}",
                            "re-export it with: harness export")
     eos = meta["get_eos_ids"] if isinstance(meta["get_eos_ids"], list) else [meta["get_eos_ids"]]
+    if args.model != "fixture" and (recorded := _recorded_model_goldens(args)):
+        return _verify_model_goldens(runner, eos, args, *recorded)
+    args.recipe = args.recipe or "8da4w"
     pipe = checked_pipeline(args.model, args.recipe, until="load", skip=args.skip_memory_check)
     failures = 0
     prompts = list(GOLDEN_PROMPTS) if args.model == "fixture" else [DEFAULT_PROMPT]
@@ -195,6 +198,50 @@ def cmd_verify(args) -> int:
     print(f"{len(prompts) - failures}/{len(prompts)} prompts equal the {label}")
     if failures and args.model == "fixture" and (note := stack_note()):
         print(note)
+    return 1 if failures else 0
+
+
+def _recorded_model_goldens(args):
+    """(subject, recipe) where --model DIR has goldens recorded (in --goldens DIR), else None."""
+    from harness.goldens.provenance import recorded_provenance
+    from harness.goldens.subject import subject_for
+
+    if args.goldens:
+        os.environ["HARNESS_GOLDENS_DIR"] = str(Path(args.goldens).resolve())
+    subject = subject_for(args.model)
+    recorded = recorded_provenance(subject.key)
+    if not recorded:
+        if args.goldens:
+            from harness.goldens.subject import recorded_subject_problem
+
+            raise HarnessError(*recorded_subject_problem(subject))
+        return None
+    recipes = list(recorded.get("recipes", ()))
+    recipe = args.recipe or (recipes[0] if len(recipes) == 1 else None)
+    if recipe not in recipes:
+        raise HarnessError(f"the goldens of {subject.key} were recorded for {', '.join(recipes)}"
+                           + (f", not {recipe}" if recipe else ""), f"pass --recipe {recipes[0]} (the .pte's recipe)")
+    return subject, recipe
+
+
+def _verify_model_goldens(runner, eos, args, subject, recipe) -> int:
+    """A .pte against a checkpoint's recorded goldens: each recorded prompt's ids (its prompt
+    golden) through the .pte, held to the recipe's ``pte`` stage token golden."""
+    from harness.goldens.checks import check_tokens
+    from harness.goldens.store import golden_ids, prompt_golden_path, read_json_golden
+    from harness.models.load import _load_tokenizer
+
+    tokenizer = _load_tokenizer(Path(subject.spec))
+    failures = 0
+    for prompt in subject.prompts:
+        ids = read_json_golden(prompt_golden_path(prompt, subject.key))["ids"]
+        want = golden_ids(recipe, "pte", prompt, subject.key)
+        gen = runner.generate(ids, len(want), eos_ids=eos)
+        report = check_tokens(want, gen, tokenizer, args.pte)
+        print(f"{'ok  ' if report is None else 'FAIL'} {prompt[:60]!r}: {tokenizer.decode(gen.ids)!r}"
+              + ("" if report is None else f"\n     {report}"))
+        failures += report is not None
+    print(f"{len(subject.prompts) - failures}/{len(subject.prompts)} prompts equal the {recipe}:pte goldens of {subject.key}")
     return 1 if failures else 0
 
 
@@ -286,11 +333,25 @@ def cmd_bench_bundle(args) -> int:
     """Everything the Pi 5 tier needs, built here: .pte files, GGUFs, tokenizers, a manifest."""
     from harness.bench.bundle import build_bundle
 
-    out = build_bundle(Path(args.out), recipes=args.recipe, with_gguf=not args.no_gguf, arch=args.arch,
-                       fixture_only=args.fixture_only, progress=_progress)
+    if args.model != "fixture":
+        from harness.bench.model_bundle import build_model_bundle
+
+        if args.goldens:
+            os.environ["HARNESS_GOLDENS_DIR"] = str(Path(args.goldens).resolve())
+        if args.recipe and len(args.recipe) > 1:
+            raise HarnessError("a model bundle holds one recipe's .pte", "pass one --recipe")
+        out = build_model_bundle(Path(args.out), args.model, (args.recipe or ["8da4w-fast"])[0], arch=args.arch,
+                                 progress=_progress)
+    else:
+        if args.goldens:
+            raise HarnessError("--goldens is for --model DIR (the fixture's goldens are the repository's)",
+                               "pass --model DIR with --goldens, or drop --goldens")
+        out = build_bundle(Path(args.out), recipes=args.recipe, with_gguf=not args.no_gguf, arch=args.arch,
+                           fixture_only=args.fixture_only, progress=_progress)
     checked = json.loads((out / "manifest.json").read_text())["checked"]
     for c in checked:
-        print(f"bundle: goldens and logits checked on {c['arch']} {c['cpu']}" + (" (emulated)" if c["emulated"] else "")
+        print(f"bundle: goldens checked on {c['arch']} {c['cpu']}" + (" (emulated)" if c.get("emulated") else "")
+              + (" with logits" if "logits_max_abs_diff" in c else "")
               if c["checked"] else f"bundle: not checked on {c['arch']} here ({c['why']})")
     print(f"bundle: {out} (copy it to the Pi; see README, 'Benchmarks on a Raspberry Pi 5')")
     return 0
@@ -357,7 +418,10 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="check a .pte against the goldens")
     v.add_argument("--pte", required=True)
     v.add_argument("--model", default="fixture", help="fixture, or a local checkpoint directory")
-    v.add_argument("--recipe", default="8da4w")
+    v.add_argument("--recipe", help="the .pte's recipe (default 8da4w for the fixture; for a checkpoint, the one "
+                                    "its goldens were recorded for)")
+    v.add_argument("--goldens", metavar="DIR", help="with --model DIR: its goldens (goldens update --goldens); "
+                                                    "without recorded goldens the .pte is held to HF generate")
     v.add_argument("--skip-memory-check", action="store_true", help=SKIP_HELP)
     v.set_defaults(func=cmd_verify)
 
@@ -394,6 +458,10 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--no-gguf", action="store_true", help="skip the llama.cpp GGUFs")
     bb.add_argument("--arch", choices=("aarch64", "x86_64"), default="aarch64",
                     help="the device's architecture: the native runner is built for it (default aarch64, the Pi 5)")
+    bb.add_argument("--model", default="fixture",
+                    help="fixture (the harness's own, with the benchmark model), or your checkpoint directory: "
+                         "its .pte (hard-linked from the artifact cache), tokenizer and recorded goldens")
+    bb.add_argument("--goldens", metavar="DIR", help="with --model DIR: where its goldens were recorded (goldens update --goldens)")
     bb.add_argument("--fixture-only", action="store_true",
                     help="only the fixture model (goldens, logits, and the emulated benchmark), not the benchmark model")
     bb.set_defaults(func=cmd_bench_bundle)

@@ -6,7 +6,9 @@
    through the export wrapper) for every prompt; torchao's codes and scales; the ``.pt2`` built (or
    taken from the cache), the in-memory model released; ``exported`` (the reloaded ``.pt2``) for
    every prompt; the program dropped; the ``.pte`` lowered (or cached) and run through ExecuTorch's
-   Python runtime for every prompt.
+   Python runtime for every prompt; then ``native``: the same ``.pte`` through the harness's
+   torch-free native runner (harness/runtimes/cpp), what the Pi 5 bundle runs (ids only: it reports
+   no logits, so its golden is its tokens, held to the ``pte`` stage's by the gate).
 
 Each stage is timed and its peak RSS taken in a window of its own (Linux clear_refs), printed as it
 finishes and recorded in the model's provenance.
@@ -65,13 +67,25 @@ def reference_memory_check(subject: Subject, skip: bool = False) -> None:
                            "close other programs, or run on a machine with more memory (HARNESS_SKIP_MEMORY_CHECK=1 overrides)")
 
 
+def native_runs(pte_path, recipe: str, prompt_ids: dict, eos) -> dict:
+    """Each prompt's greedy ids through the native runner (its own process, its own C++ loop)."""
+    from harness.runtimes.native import NativeRuntime
+
+    runtime = NativeRuntime(pte_path)
+    try:
+        return {(recipe, "native", prompt): runtime.generate(ids, MAX_NEW_TOKENS, eos_ids=frozenset(eos))
+                for prompt, ids in prompt_ids.items()}
+    finally:
+        runtime.close()
+
+
 def compute_checkpoint(subject: Subject, progress=print, skip_memory_check: bool = False):
     from harness.build.preflight import checked_pipeline
     from harness.goldens.provenance import current_provenance
     from harness.goldens.write import Computed
     from harness.models.load import checkpoint_dtype, load_directory
     from harness.pipeline import encode_prompt, transformers_generate
-    from harness.program import ExportSettings
+    from harness.program import ExportSettings, eos_ids
     from harness.rss import return_freed_memory
 
     stats: dict = {}
@@ -112,6 +126,11 @@ def compute_checkpoint(subject: Subject, progress=print, skip_memory_check: bool
         with _Stage(stats, f"{recipe}:pte", progress):
             for prompt in prompts:
                 runs[(recipe, "pte", prompt)] = pipe.generate(prompt, stage="pte", max_new_tokens=MAX_NEW_TOKENS)
+        pipe.__dict__.pop("runner", None)
+        gc.collect()
+        with _Stage(stats, f"{recipe}:native", progress):
+            runs.update(native_runs(pipe.pte_path, recipe, {p: runs[(recipe, "pte", p)].prompt_ids for p in prompts},
+                                    eos_ids(pipe.loaded)))
         del pipe
         gc.collect()
         return_freed_memory()

@@ -21,7 +21,7 @@ from harness.errors import HarnessError
 from harness.goldens.store import GOLDEN_PROMPTS, MAX_NEW_TOKENS, UPDATE_COMMAND, chain, predecessor
 
 DEFAULT_RECIPES = ("8da4w-fast",)
-RECIPE_STAGES = ("eager", "exported", "pte")
+RECIPE_STAGES = ("eager", "exported", "pte", "native")  # native: the .pte through the torch-free runner (ids only)
 SHORT_PROMPTS = (
     "What is the capital of France?",
     "Who wrote Hamlet?",

@@ -31,7 +31,8 @@ class Computed:
         out: dict[Path, object] = {}
         for (recipe, stage, prompt), gen in self.runs.items():
             out[token_golden_path(recipe, stage, prompt, key)] = token_record(prompt, gen.ids, self.tokenizer)
-            out[logit_golden_path(recipe, stage, prompt, key)] = logit_record(gen, compact=compact)
+            if gen.step_logits:  # the native runner reports ids, not logits: its golden is its tokens
+                out[logit_golden_path(recipe, stage, prompt, key)] = logit_record(gen, compact=compact)
         for prompt, record in self.prompts.items():
             out[prompt_golden_path(prompt, key)] = record
         for recipe, record in self.quality.items():
