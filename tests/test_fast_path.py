@@ -209,3 +209,32 @@ def test_the_per_layer_table_is_gathered_row_first_never_dequantized_whole(pipel
     assert whole, "torchao's own lookup should dequantize the whole table (the check would see nothing)"
     assert not _whole_table_floats(torch.export.export(Lookup(rows), (ids,)), shape)
     assert not _whole_table_floats(p.exported, shape), "the exported fast program dequantizes the whole table"
+
+
+@pytest.mark.parametrize("shape", ["fixture", "e2b", "small"])
+def test_kv_sharing_is_read_the_same_from_a_release_without_kv_sharing_modes(shape):
+    """transformers 5.22's config has no ``kv_sharing_modes`` (the compatibility matrix found the fast
+    path stopping there): the harness derives it from ``num_kv_shared_layers`` as 5.22's attention
+    layers do, and the derivation equals 5.23+'s property on every shape the harness builds."""
+    import types
+
+    from transformers import Gemma4TextConfig
+
+    from harness.build.fast.sharing import kv_sharing_modes
+    from harness.training.synthetic import text_config
+
+    if shape == "fixture":
+        import json
+
+        raw = json.loads((FIXTURE_DIR / "config.json").read_text())
+        config = Gemma4TextConfig(**raw.get("text_config", raw))
+    else:
+        config = Gemma4TextConfig(**text_config(shape))
+    old = types.SimpleNamespace(num_hidden_layers=config.num_hidden_layers, layer_types=list(config.layer_types),
+                                num_kv_shared_layers=config.num_kv_shared_layers)  # what 5.22 holds
+    modes = kv_sharing_modes(old)
+    assert modes == list(config.kv_sharing_modes), (modes, config.kv_sharing_modes)
+    if config.num_kv_shared_layers:
+        assert "reuse" in modes and "store" in modes
+        broken = types.SimpleNamespace(**{**vars(old), "num_kv_shared_layers": config.num_kv_shared_layers - 1})
+        assert kv_sharing_modes(broken) != modes, "the derivation ignores num_kv_shared_layers"

@@ -188,6 +188,11 @@ def os_error_line(e: OSError) -> str:
     return f"{what}:{where}; {_OS_FIXES.get(e.errno, 'check the path, its permissions and free space')}"
 
 
+def progress(msg: str) -> None:
+    """A command's progress line, on stderr (stdout holds its result)."""
+    print(f"[harness] {msg}", file=sys.stderr, flush=True)
+
+
 def verdict(func):
     """Mark a command whose exit codes 0 and 1 are verdicts (``goldens diff``: 0 nothing changed,
     1 something did; ``goldens update``: 0 written, 1 refused; ``verify``: 0 all equal, 1 not):

@@ -14,14 +14,10 @@ import time
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.cli.guard import verdict
-from harness.cli.golden_args import SKIP_HELP, golden_subject as _golden_subject, golden_target_args as _golden_target_args
+from harness.cli.guard import progress as _progress, verdict
+from harness.cli.goldens import SKIP_HELP, add_goldens_commands
 
-DEFAULT_PROMPT = "What is the capital of France?"
-
-
-def _progress(msg: str) -> None:
-    print(f"[harness] {msg}", file=sys.stderr, flush=True)
+from harness.cli.verify import DEFAULT_PROMPT, cmd_verify
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -157,94 +153,6 @@ def cmd_generate(args) -> int:
     return 0
 
 
-@verdict
-def cmd_verify(args) -> int:
-    """Check a .pte against the committed goldens (fixture) or against HF generate (a directory)."""
-    from harness.goldens.checks import check_tokens
-    from harness.goldens.store import GOLDEN_PROMPTS, golden_ids
-    from harness.runtimes.executorch import PteRuntime
-
-    from harness.goldens.provenance import stack_note
-    from harness.build.preflight import checked_pipeline
-
-    from harness.cli.guard import check_pte_path
-
-    runner = PteRuntime(check_pte_path(args.pte))
-    meta = runner.metadata()
-    missing = [m for m in ("get_eos_ids", "get_max_context_len", "get_vocab_size") if m not in meta]
-    if missing:
-        raise HarnessError(f"{args.pte} lacks the runner metadata method(s) {', '.join(missing)}",
-                           "re-export it with: harness export")
-    eos = meta["get_eos_ids"] if isinstance(meta["get_eos_ids"], list) else [meta["get_eos_ids"]]
-    if args.model != "fixture" and (recorded := _recorded_model_goldens(args)):
-        return _verify_model_goldens(runner, eos, args, *recorded)
-    args.recipe = args.recipe or "8da4w"
-    pipe = checked_pipeline(args.model, args.recipe, until="load", skip=args.skip_memory_check)
-    failures = 0
-    prompts = list(GOLDEN_PROMPTS) if args.model == "fixture" else [DEFAULT_PROMPT]
-    label = "golden" if args.model == "fixture" else "HF generate"
-    for prompt in prompts:
-        gen = runner.generate(pipe.prompt_ids(prompt), 9, eos_ids=eos)
-        if args.model == "fixture":
-            from harness.recipes import golden_recipe  # 8da4w-fast is held to 8da4w's goldens
-
-            want = golden_ids(golden_recipe(pipe.recipe.name), "pte", prompt)
-        else:
-            want = pipe.hf_generate(prompt)
-        report = check_tokens(want, gen, pipe.loaded.tokenizer, args.pte)
-        print(f"{'ok  ' if report is None else 'FAIL'} {prompt!r}: {pipe.decode(gen.ids)!r}"
-              + ("" if report is None else f"\n     {report}"))
-        failures += report is not None
-    print(f"{len(prompts) - failures}/{len(prompts)} prompts equal the {label}")
-    if failures and args.model == "fixture" and (note := stack_note()):
-        print(note)
-    return 1 if failures else 0
-
-
-def _recorded_model_goldens(args):
-    """(subject, recipe) where --model DIR has goldens recorded (in --goldens DIR), else None."""
-    from harness.goldens.provenance import recorded_provenance
-    from harness.goldens.subject import subject_for
-
-    if args.goldens:
-        os.environ["HARNESS_GOLDENS_DIR"] = str(Path(args.goldens).resolve())
-    subject = subject_for(args.model)
-    recorded = recorded_provenance(subject.key)
-    if not recorded:
-        if args.goldens:
-            from harness.goldens.subject import recorded_subject_problem
-
-            raise HarnessError(*recorded_subject_problem(subject))
-        return None
-    recipes = list(recorded.get("recipes", ()))
-    recipe = args.recipe or (recipes[0] if len(recipes) == 1 else None)
-    if recipe not in recipes:
-        raise HarnessError(f"the goldens of {subject.key} were recorded for {', '.join(recipes)}"
-                           + (f", not {recipe}" if recipe else ""), f"pass --recipe {recipes[0]} (the .pte's recipe)")
-    return subject, recipe
-
-
-def _verify_model_goldens(runner, eos, args, subject, recipe) -> int:
-    """A .pte against a checkpoint's recorded goldens: each recorded prompt's ids (its prompt
-    golden) through the .pte, held to the recipe's ``pte`` stage token golden."""
-    from harness.goldens.checks import check_tokens
-    from harness.goldens.store import golden_ids, prompt_golden_path, read_json_golden
-    from harness.models.load import _load_tokenizer
-
-    tokenizer = _load_tokenizer(Path(subject.spec))
-    failures = 0
-    for prompt in subject.prompts:
-        ids = read_json_golden(prompt_golden_path(prompt, subject.key))["ids"]
-        want = golden_ids(recipe, "pte", prompt, subject.key)
-        gen = runner.generate(ids, len(want), eos_ids=eos)
-        report = check_tokens(want, gen, tokenizer, args.pte)
-        print(f"{'ok  ' if report is None else 'FAIL'} {prompt[:60]!r}: {tokenizer.decode(gen.ids)!r}"
-              + ("" if report is None else f"\n     {report}"))
-        failures += report is not None
-    print(f"{len(subject.prompts) - failures}/{len(subject.prompts)} prompts equal the {recipe}:pte goldens of {subject.key}")
-    return 1 if failures else 0
-
-
 def cmd_doctor(args) -> int:
     """Library versions, the hidden torchvision dependency, memory and disk, Pi governor/throttling."""
     import importlib.util
@@ -299,23 +207,6 @@ def cmd_doctor(args) -> int:
     return 0
 
 
-@verdict
-def cmd_goldens_diff(args) -> int:
-    """Exit 0: every golden stage says what it said; 1: something changed (one line per change); 2: an error."""
-    from harness.goldens.refresh import diff_main
-
-    subject = _golden_subject(args)
-    return diff_main(progress=_progress, subject=subject, recipes=args.recipe)
-
-
-@verdict
-def cmd_goldens_update(args) -> int:
-    """The one way to rewrite goldens: recompute the whole set, write it only through the gate."""
-    from harness.goldens.refresh import update_main
-
-    return update_main(allow=args.allow, progress=_progress, subject=_golden_subject(args))
-
-
 def cmd_bench_report(args) -> int:
     """A benchmark JSON as a llama-bench-style markdown table (stdout) and a PNG chart."""
     from harness.bench.report import chart, markdown, read_result
@@ -327,6 +218,25 @@ def cmd_bench_report(args) -> int:
         chart(data, png)
         print(f"\nchart: {png}")
     return 0
+
+
+@verdict
+def cmd_bench_diff(args) -> int:
+    """Exit 0: no paired ratio dropped beyond the spread between runs; 1: one did; 2: an error."""
+    from harness.bench.perf import bench_diff, read_side, recorded_side
+
+    if len(args.runs) > 2:
+        raise HarnessError("bench diff takes OLD NEW, or NEW alone", "pass two benchmark JSONs, or one")
+    sides = [read_side(p) for p in args.runs]
+    old = sides[0] if len(sides) == 2 else recorded_side(sides[0]["host_class"])
+    return bench_diff(old, sides[-1])
+
+
+@verdict
+def cmd_bench_record(args) -> int:
+    from harness.bench.perf import record
+
+    return record(args.runs, allow=args.allow)
 
 
 def cmd_bench_bundle(args) -> int:
@@ -430,20 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--recipe", default="8da4w")
     doc.set_defaults(func=cmd_doctor)
 
-    gd = sub.add_parser("goldens", help="goldens: diff against the committed ones, or update them through the gate")
-    gsub = gd.add_subparsers(dest="goldens_command", required=True)
-    gdd = gsub.add_parser("diff", help="rerun every golden stage and show what changed, and the provenance "
-                                       "(exit 0: nothing changed, 1: something did, 2: an error)")
-    gdd.set_defaults(func=cmd_goldens_diff)
-    gdu = gsub.add_parser("update", help="recompute every golden and rewrite them all, only if every change is "
-                                         "numerics (near-ties, logits within bounds, llama.cpp agreeing); the "
-                                         "first update of a checkpoint records")
-    gdu.add_argument("--allow", metavar="REASON",
-                     help="write even what the gate blocks; the reason, what was blocked, the date and both "
-                          "stacks are appended to the model's provenance")
-    gdu.set_defaults(func=cmd_goldens_update)
-    for p in (gdd, gdu):
-        _golden_target_args(p, update=p is gdu)
+    add_goldens_commands(sub)
 
     b = sub.add_parser("bench", help="benchmarks: report a result, build the Pi 5 bundle")
     bsub = b.add_subparsers(dest="bench_command", required=True)
@@ -452,6 +349,16 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--png", help="chart path (default: RESULT.png beside the JSON)")
     br.add_argument("--no-chart", action="store_true", help="print the table only")
     br.set_defaults(func=cmd_bench_report)
+    bd = bsub.add_parser("diff", help="speed across an upgrade: the paired ratios against llama.cpp of two "
+                                      "benchmark JSONs (or NEW against this host class's performance golden); "
+                                      "exit 1 on a drop beyond the spread between runs")
+    bd.add_argument("runs", nargs="+", type=Path, metavar="JSON", help="OLD NEW, or NEW alone")
+    bd.set_defaults(func=cmd_bench_diff)
+    brec = bsub.add_parser("record", help="the performance golden of a host class: median paired ratios over "
+                                          "runs of one stack (refused if slower than the recorded one)")
+    brec.add_argument("runs", nargs="+", type=Path, metavar="JSON")
+    brec.add_argument("--allow", metavar="REASON", help="record even a slower golden, with the reason")
+    brec.set_defaults(func=cmd_bench_record)
     bb = bsub.add_parser("bundle", help="build the Pi 5 bundle: .pte files, GGUFs, tokenizers, manifest")
     bb.add_argument("out", metavar="DIR")
     bb.add_argument("--recipe", action="append", help="recipes to bundle (default: all)")

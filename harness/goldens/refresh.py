@@ -124,6 +124,8 @@ class Assessment:
     changes: list[Change] = field(default_factory=list)
     recorded: dict = field(default_factory=dict)
     now: dict = field(default_factory=dict)
+    # "recipe:stage" -> {"prompts", "ids_changed", "max_logprob"}: how far each stage moved (the matrix's columns)
+    moves: dict = field(default_factory=dict)
 
     @property
     def blockers(self) -> list[Change]:
@@ -157,7 +159,7 @@ def assess(c: Computed, llamacpp: bool = True) -> Assessment:
             old_ids[(recipe, stage)] = rec["ids"] if rec else None
         new_ids = {(r, s): c.runs[(r, s, prompt)].ids for r, s in nodes}
         for recipe in subject.chain_recipes():
-            out.changes += _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok)
+            out.changes += _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok, out.moves)
     for recipe, record in c.quantized.items():
         out.changes += _quantize_changes(recipe, record, key)
     for recipe, record in c.quality.items():
@@ -168,7 +170,7 @@ def assess(c: Computed, llamacpp: bool = True) -> Assessment:
     return out
 
 
-def _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok) -> list[Change]:
+def _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok, moves=None) -> list[Change]:
     changes = []
     first = None  # (stage, position) of the first stage whose ids differ from its golden
     lp_by_stage = {}
@@ -195,6 +197,12 @@ def _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok) -> list[
                 logit_blocking.append(f"{stage}: {diff.describe(tol)}")
             elif not diff.within(tol) and pos is None:
                 changes.append(Change("logits", f"{prompt!r} {recipe}:{stage}", diff.describe(tol), True))
+        if moves is not None:
+            m = moves.setdefault(f"{recipe}:{stage}", {"prompts": 0, "ids_changed": 0, "max_logprob": None})
+            m["prompts"] += 1
+            m["ids_changed"] += pos is not None
+            if stage in lp_by_stage:
+                m["max_logprob"] = max(m["max_logprob"] or 0.0, float(lp_by_stage[stage]))
         if pos is None:
             continue
         if first is None:
@@ -322,8 +330,29 @@ def _prepare(subject: Subject | None, for_update: bool) -> Subject:
     return subject
 
 
+def diff_summary(c: Computed, a: Assessment, rc: int) -> dict:
+    """What ``goldens diff --json`` writes: the verdict, each stage's move, the provenance changed
+    (the compatibility matrix's row, harness/goldens/matrix.py)."""
+    return {"exit": rc, "model": c.subject.key, "changes": len(a.changes), "blockers": len(a.blockers),
+            "blocking": [ch.line() for ch in a.blockers], "stages": a.moves, "stage_stats": c.stage_stats,
+            "provenance_changed": {k: list(v) for k, v in provenance_diff(a.recorded, a.now, c.subject.key).items()}}
+
+
 def diff_main(computed: Computed | None = None, say=print, progress=print, subject: Subject | None = None,
-              recipes=None) -> int:
+              recipes=None, report: Path | None = None) -> int:
+    """Print what changed; exit 0 (nothing), 1 (something). ``report``: the summary as JSON too."""
+    import json
+
+    from harness.atomic import write_bytes_atomic
+
+    c, a, rc = _diff(computed, say, progress, subject, recipes)
+    if report is not None:
+        write_bytes_atomic(Path(report), json.dumps(diff_summary(c, a, rc), indent=1, sort_keys=True).encode(),
+                           verify=lambda p: json.loads(p.read_text()))
+    return rc
+
+
+def _diff(computed, say, progress, subject, recipes):
     from harness.goldens.subject import recorded_subject_problem
 
     subject = computed.subject if computed is not None else subject
@@ -338,7 +367,7 @@ def diff_main(computed: Computed | None = None, say=print, progress=print, subje
     update = UPDATE_COMMAND + ("" if subject.is_fixture else f" --model {subject.spec} --goldens {goldens_dir()}")
     if not real:
         say(f"\nno golden changed: every stage of {subject.describe()} still says exactly what it said")
-        return 0
+        return c, a, 0
     say(f"\n{len(real)} change(s) against the recorded goldens of {subject.describe()}:")
     for ch in real:
         say(ch.line())
@@ -347,7 +376,7 @@ def diff_main(computed: Computed | None = None, say=print, progress=print, subje
             f"output; `{update} --allow REASON` records them anyway, with the reason.")
     else:
         say(f"\nevery change is numerics: accept them with `{update}`.")
-    return 1
+    return c, a, 1
 
 
 def update_main(allow: str | None = None, computed: Computed | None = None, say=print, progress=print,

@@ -5,6 +5,8 @@ ExecuTorch's portable or custom kernels, or more of it, is a regression of the f
 
 from __future__ import annotations
 
+from harness.build.fast.sharing import kv_sharing_modes
+
 _MASK_REASON = ("the sliding-window mask and the ring-buffer indices, computed once per call from "
                 "cache_position: int64 index arithmetic and comparisons, and XNNPACK computes floats only")
 _SCALAR_REASON = ("start_pos = cache_position[0].item() and torch.export's runtime range checks on it: "
@@ -23,7 +25,7 @@ def portable_op_budget(config, tied: bool = True) -> dict[str, tuple[int, str]]:
     8da4w-fast recipe); else the table is looked up by its own quantized embedding."""
     n = int(config.num_hidden_layers)
     types = list(config.layer_types)
-    modes = list(config.kv_sharing_modes)
+    modes = kv_sharing_modes(config)
     producers = [i for i in range(n) if modes[i] != "reuse"]
     sliding_producers = [i for i in producers if types[i] == "sliding_attention"]
     has_sliding = "sliding_attention" in types

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from harness.build.fast.embedding import gathered_table
+from harness.build.fast.sharing import kv_sharing_modes
 from harness.build.fast.tied import tied_table
 from harness.errors import HarnessError
 from harness.oplib import load_custom_ops_for_export
@@ -76,7 +77,7 @@ class FastGemma4(torch.nn.Module):
         self.layer_types = list(cfg.layer_types)
         self.n_layers = int(cfg.num_hidden_layers)
         self.n_heads = int(cfg.num_attention_heads)
-        modes = list(cfg.kv_sharing_modes)
+        modes = kv_sharing_modes(cfg)
         # the producer of each layer type's shared keys/values: the layer marked "store"
         self.store_of = {}
         for i, mode in enumerate(modes):
