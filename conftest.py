@@ -82,7 +82,7 @@ def pytest_configure(config):
     if config.getoption("--snapshot-update", default=False):
         raise pytest.UsageError(
             "goldens are not rewritten by pytest: run `harness goldens update`, which recomputes the whole "
-            "set and writes it only if every change is numerics (README, 'Goldens and the refresh flow')")
+            "set and writes it only if every change is numerics (docs/goldens.md)")
 
 
 def pytest_report_header(config):

@@ -164,7 +164,7 @@ def test_stack_note_names_each_version_and_the_refresh():
     note = stack_note(recorded={**now, "transformers": "5.23.0", "torchao": "0.17.0"}, now=now)
     assert "\n" not in note
     assert f"torchao 0.17.0 -> {now['torchao']}" in note and f"transformers 5.23.0 -> {now['transformers']}" in note
-    assert "tox -e refresh" in note and "'Goldens and the refresh flow'" in note
+    assert "tox -e refresh" in note and "docs/goldens.md" in note
 
 
 def test_verify_failing_under_other_versions_says_which_and_how_to_refresh(pipeline, tmp_path):

@@ -1,6 +1,5 @@
 """The compatibility matrix (``harness goldens matrix``): one environment per release, layered over
-this one, ``goldens diff`` in each, one row each. The real releases take an hour (README, the
-matrix's page); here a two-row list made of local wheels runs it end to end on the generated
+this one, ``goldens diff`` in each, one row each. The real releases take an hour (docs/upgrade-day.md); here a two-row list made of local wheels runs it end to end on the generated
 checkpoint that is not the fixture (tests/conftest.py):
 
 - ``harness-matrix-probe==1.0`` needs ``kernels>=0.19.1``, which the local index lacks (as this

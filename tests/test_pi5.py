@@ -186,7 +186,7 @@ def bench_case(root: Path, manifest: dict, runtime: str, emulated: str | None) -
         if emulated:
             pytest.skip("llama.cpp: under --pi5-emulate only the bundle's runner is emulated")
         pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed on this device "
-                                                "(README: 'llama.cpp on the device')")
+                                                "(docs/device.md: 'llama.cpp on the device')")
     elif kind != "executorch-native":
         python_runtime_row(emulated, "executorch.runtime", f"{runtime}")
     m = manifest.get("model")

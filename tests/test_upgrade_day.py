@@ -120,7 +120,7 @@ def test_an_exception_inside_the_golden_computation_exits_2_not_a_verdict(argv, 
 
 
 def test_an_internal_error_of_other_commands_still_exits_1(monkeypatch):
-    """Commands without a verdict keep 1 for a bug (README, 'Exit codes')."""
+    """Commands without a verdict keep 1 for a bug (docs/upgrade-day.md, 'Exit codes')."""
     import harness.training.synthetic as synthetic
 
     monkeypatch.setattr(synthetic, "make_checkpoint", lambda *a, **kw: 1 / 0)

@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.mac
 HOW = ("no --harness-model: pass your checkpoint, `pytest -m mac --harness-model DIR --harness-goldens GOLDENS` "
-       "(README, 'Your own model')")
+       "(docs/your-model.md)")
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ byte-identical, and ``--allow REASON`` accepted and recorded. The compact logit 
 (top 256 + sketch, harness/goldens/store.py) and the digested quantize golden keep their teeth.
 
 The stages are computed once per session (tests/conftest.py, shared with tests/test_matrix.py); the lowering of the small checkpoint
-is most of this file's time (README, 'Your own model').
+is most of this file's time (docs/your-model.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``harness goldens diff|update|matrix``: the commands, and the options that say whose goldens
-they work on: --model, --goldens, --recipe, --prompts (README, 'Your own model')."""
+they work on: --model, --goldens, --recipe, --prompts (docs/your-model.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ SKIP_HELP = ("run even if the memory pre-flight estimates more than the memory a
 
 
 def golden_target_args(p, update: bool) -> None:
-    """--model/--goldens/--prompts/--recipe: whose goldens, where (README, 'Your own model')."""
+    """--model/--goldens/--prompts/--recipe: whose goldens, where (docs/your-model.md)."""
     p.add_argument("--model", default="fixture",
                    help="fixture (the harness's own, in goldens/), or your Gemma 4 checkpoint directory")
     p.add_argument("--goldens", metavar="DIR",

@@ -263,7 +263,7 @@ def cmd_bench_bundle(args) -> int:
         print(f"bundle: goldens checked on {c['arch']} {c['cpu']}" + (" (emulated)" if c.get("emulated") else "")
               + (" with logits" if "logits_max_abs_diff" in c else "")
               if c["checked"] else f"bundle: not checked on {c['arch']} here ({c['why']})")
-    print(f"bundle: {out} (copy it to the Pi; see README, 'Benchmarks on a Raspberry Pi 5')")
+    print(f"bundle: {out} (copy it to the Pi; see docs/device.md)")
     return 0
 
 

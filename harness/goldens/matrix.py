@@ -126,8 +126,7 @@ def prepare(release: str, root: Path, pip_args: list[str], say=print) -> tuple[P
         rc, out2 = _pip(partial, release, True, pip_args, constraints)
         installs = f"only with --no-deps ({reason})" if rc == 0 else f"no: {reason}"
     (partial / "matrix-install.json").write_text(json.dumps({"release": release, "installs": installs}))
-    # venvs hold their own path in scripts; the layer has no scripts of its own but pip's, which are unused
-    partial.rename(env)
+    partial.rename(env)  # a venv finds its prefix from its interpreter's path: renaming it is safe
     return env, installs
 
 

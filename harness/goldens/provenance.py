@@ -102,8 +102,8 @@ def provenance_diff(recorded: dict, current: dict, model: str = "fixture") -> di
 
 
 REFRESH_HINT = ("to refresh: tox -e refresh (diffs every golden stage on the new stack), then "
-                f"{UPDATE_COMMAND}, which rewrites them only if every change is numerics (README, "
-                "'Goldens and the refresh flow')")
+                f"{UPDATE_COMMAND}, which rewrites them only if every change is numerics "
+                "(docs/goldens.md)")
 
 
 def stack_note(recorded: dict | None = None, now: dict | None = None, model: str = "fixture") -> str:

@@ -106,7 +106,7 @@ def model_provenance_dir() -> Path:
 def read_json_golden(path: Path):
     if not path.is_file():
         raise HarnessError(f"golden {path} does not exist",
-                           f"record the goldens with: {UPDATE_COMMAND} (README, 'Goldens and the refresh flow')")
+                           f"record the goldens with: {UPDATE_COMMAND} (docs/goldens.md)")
     try:
         return json.loads(path.read_text())
     except ValueError as e:
