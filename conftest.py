@@ -77,12 +77,54 @@ def computed_goldens(stage_runs, pipeline):
 
 
 def pytest_configure(config):
-    """Goldens are rewritten only through the gate (`harness goldens update`): syrupy's
-    --snapshot-update, if that plugin is installed, is refused rather than silently writing."""
-    if config.getoption("--snapshot-update", default=False):
+    """Goldens are rewritten only through the gate. Under syrupy's ``--snapshot-update`` the token
+    goldens' snapshots (tests/support/snapshots.py) write nothing themselves; the gate runs on the
+    whole set at the session's end (``pytest_sessionfinish`` below). Without syrupy the flag is refused."""
+    if config.getoption("--snapshot-update-new-only", default=False):
         raise pytest.UsageError(
-            "goldens are not rewritten by pytest: run `harness goldens update`, which recomputes the whole "
-            "set and writes it only if every change is numerics (docs/goldens.md)")
+            "--snapshot-update-new-only would write a part of the golden set: use --snapshot-update (the gate "
+            "on the whole set) or `harness goldens update` (docs/goldens.md)")
+    if config.getoption("--snapshot-update", default=False) and not config.pluginmanager.hasplugin("syrupy"):
+        raise pytest.UsageError(
+            "--snapshot-update needs syrupy (pip install -e '.[dev]'); or run `harness goldens update`, which "
+            "recomputes the whole set and writes it only if every change is numerics (docs/goldens.md)")
+
+
+@pytest.fixture
+def token_snapshot(snapshot):
+    """``token_snapshot(recipe, stage, prompt) == token_record(...)``: a syrupy assertion on the token
+    golden's own file (tests/support/snapshots.py)."""
+    from support.snapshots import TokenGoldenExtension, snapshot_index
+
+    ext = snapshot.use_extension(TokenGoldenExtension)
+    return lambda recipe, stage, prompt, model="fixture": ext(name=snapshot_index(recipe, stage, prompt, model))
+
+
+def _snapshot_update_gate(session) -> None:
+    """``pytest --snapshot-update``: where a token golden differed, ``harness goldens update``'s gate on
+    the whole set (never the part a ``-k`` selected): it writes every golden and the provenance when
+    every change is numerics, or nothing, and then this session fails with the gate's lines."""
+    if not getattr(session.config.option, "update_snapshots", False):
+        return
+    from support.snapshots import REQUESTED
+
+    say = session.config.pluginmanager.get_plugin("terminalreporter").write_line
+    if not REQUESTED:
+        say("snapshot-update: no token golden differs; nothing to update")
+        return
+    from harness.errors import HarnessError
+    from harness.goldens.refresh import update_main
+
+    say(f"snapshot-update: {len(REQUESTED)} token golden(s) differ; the gate of `harness goldens update` "
+        "recomputes and judges the whole set:")
+    try:
+        rc = update_main(say=say, progress=lambda msg: None)
+    except HarnessError as e:
+        say(f"snapshot-update: error: {e}")
+        rc = 2
+    if rc != 0:
+        say("snapshot-update: REFUSED; no golden was written")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_report_header(config):
@@ -176,7 +218,13 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
     }
 
 
+@pytest.hookimpl(trylast=True)  # after syrupy's own finish, which queues the snapshot writes
 def pytest_sessionfinish(session, exitstatus):
+    _snapshot_update_gate(session)
+    _tolerance_report()
+
+
+def _tolerance_report() -> None:
     """HARNESS_TOLERANCE_REPORT=FILE: the largest value each named tolerance saw in this run."""
     path = os.environ.get("HARNESS_TOLERANCE_REPORT")
     if path:

@@ -138,13 +138,6 @@ def test_the_gate_blocks_logits_beyond_the_multiple_of_their_tolerance(goldens_c
     assert any(b.kind == "logits" and "exported" in b.detail for b in blockers), [b.line() for b in blockers]
 
 
-def test_pytest_snapshot_update_is_refused():
-    res = subprocess.run([sys.executable, "-m", "pytest", "--snapshot-update", "--collect-only", "-q",
-                          "tests/test_cache.py"], capture_output=True, text=True, timeout=120)
-    assert res.returncode != 0
-    assert "harness goldens update" in res.stdout + res.stderr
-
-
 def test_goldens_diff_command_line_says_one_line_on_a_broken_provenance(tmp_path):
     root = tmp_path / "goldens"
     shutil.copytree(goldens_dir(), root)

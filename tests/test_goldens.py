@@ -14,7 +14,7 @@ import pytest
 
 from support import FIXTURE_PROMPTS, RECIPE_NAMES
 from harness.goldens.checks import check_logit_golden, check_prompt_golden, check_quality_golden, check_quantize_golden, check_token_golden
-from harness.goldens.store import STAGES, quantize_record, slug
+from harness.goldens.store import STAGES, quantize_record, slug, token_record
 
 pytestmark = pytest.mark.mac
 
@@ -32,13 +32,16 @@ def test_prompt_golden(pipeline, prompt):
 @recipes
 @stages
 @params
-def test_token_golden(stage_runs, pipeline, recipe, stage, prompt):
+def test_token_golden(stage_runs, pipeline, recipe, stage, prompt, token_snapshot):
+    """A syrupy snapshot on the golden's own file (tests/support/snapshots.py); a difference is
+    localized along the whole stage chain before failing."""
     tok = pipeline(recipe).loaded.tokenizer
     gen = stage_runs(recipe, stage, prompt)
-    problem = check_token_golden(recipe, stage, prompt, gen, tok, runs=None)
-    if problem is not None:  # localize it along the whole stage chain before failing
-        problem = check_token_golden(recipe, stage, prompt, gen, tok, runs=stage_runs.chain(prompt))
-    assert problem is None, problem
+    if token_snapshot(recipe, stage, prompt) == token_record(prompt, gen.ids, tok):
+        return
+    problem = check_token_golden(recipe, stage, prompt, gen, tok, runs=stage_runs.chain(prompt))
+    pytest.fail(problem or f"{recipe}:{stage} {prompt!r}: the ids hold but the recorded text differs "
+                f"(now {tok.decode(gen.ids, skip_special_tokens=True)!r})")
 
 
 @recipes

@@ -70,7 +70,7 @@ def cmd_goldens_matrix(args) -> int:
         check_writable(args.out)
     pip_args = [a for link in args.find_links or () for a in ("--find-links", str(Path(link).resolve()))]
     pip_args += ["--no-index"] if args.no_index else []
-    matrix(releases, args.out, args.envs or default_root(), pip_args, diff_args, say=print)
+    matrix(releases, args.out, args.envs or default_root(), pip_args, diff_args, say=print, no_deps=args.no_deps)
     return 0
 
 
@@ -102,6 +102,8 @@ def add_goldens_commands(sub) -> None:
                                                              "(default: the artifact cache's matrix/)")
     gm.add_argument("--find-links", action="append", metavar="DIR", help="local wheels for pip (repeatable)")
     gm.add_argument("--no-index", action="store_true", help="only --find-links, not the registry")
+    gm.add_argument("--no-deps", action="store_true", help="install each release without its requirements "
+                                                           "(e.g. transformers 5.25 without kernels)")
     gm.add_argument("--model", default="fixture", help="fixture, or your checkpoint directory (with --goldens)")
     gm.add_argument("--goldens", metavar="DIR", help="the goldens directory of --model")
     gm.set_defaults(func=cmd_goldens_matrix)

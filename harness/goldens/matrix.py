@@ -96,16 +96,17 @@ def why_not(pip_output: str) -> str:
 
 
 def _pip(env: Path, release: str, no_deps: bool, pip_args: list[str], constraints: Path) -> tuple[int, str]:
+    """pip of this environment, run by the layer's interpreter (so it installs into the layer)."""
     cmd = [str(_env_python(env)), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
            "-c", str(constraints), *(["--no-deps"] if no_deps else []), *pip_args, release]
     done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     return done.returncode, done.stdout + done.stderr
 
 
-def prepare(release: str, root: Path, pip_args: list[str], say=print) -> tuple[Path, str]:
-    """The release's environment (cached) and how it installed: 'yes', 'only with --no-deps (...)'
-    or 'no: ...' (then there is nothing to run)."""
-    env = env_dir(release, root)
+def prepare(release: str, root: Path, pip_args: list[str], say=print, no_deps: bool = False) -> tuple[Path, str]:
+    """The release's environment (cached) and how it installed: 'yes', 'only with --no-deps (...)',
+    'with --no-deps, as asked', or 'no: ...' (then there is nothing to run)."""
+    env = env_dir(release + (" --no-deps" if no_deps else ""), root)
     record = env / "matrix-install.json"
     if record.is_file():
         return env, json.loads(record.read_text())["installs"]
@@ -119,9 +120,11 @@ def prepare(release: str, root: Path, pip_args: list[str], say=print) -> tuple[P
     _make_layer(partial)
     constraints = partial / "constraints.txt"
     constraints.write_text("\n".join(CONSTRAINTS) + "\n")
-    rc, out = _pip(partial, release, False, pip_args, constraints)
-    installs = "yes"
-    if rc != 0:
+    rc, out = _pip(partial, release, no_deps, pip_args, constraints)
+    installs = "with --no-deps, as asked" if no_deps else "yes"
+    if rc != 0 and no_deps:
+        installs = f"no: {why_not(out)}"
+    elif rc != 0:
         reason = why_not(out)
         rc, out2 = _pip(partial, release, True, pip_args, constraints)
         installs = f"only with --no-deps ({reason})" if rc == 0 else f"no: {reason}"
@@ -158,9 +161,10 @@ def _last_line(text: str) -> str:
     return ((errors or lines or ["(no output)"])[-1])[:200]
 
 
-def run_row(release: str, root: Path, pip_args: list[str], diff_args: list[str], say=print) -> Row:
+def run_row(release: str, root: Path, pip_args: list[str], diff_args: list[str], say=print,
+            no_deps: bool = False) -> Row:
     t0 = time.perf_counter()
-    env, installs = prepare(release, root, pip_args, say)
+    env, installs = prepare(release, root, pip_args, say, no_deps)
     row = Row(release, installs)
     if installs.startswith("no:"):
         row.seconds = time.perf_counter() - t0
@@ -168,7 +172,9 @@ def run_row(release: str, root: Path, pip_args: list[str], diff_args: list[str],
     python = _env_python(env)
     row.versions = _versions(python)
     model = diff_args[diff_args.index("--model") + 1] if "--model" in diff_args else "fixture"
-    env_vars = {**os.environ, "USE_HUB_KERNELS": "0", "PYTHONUNBUFFERED": "1"}
+    # no USE_HUB_KERNELS here: keeping hub kernels off is the harness's own job (harness/__init__.py,
+    # use_kernels=False on every load), and a row must show that it does it under each release
+    env_vars = {k: v for k, v in os.environ.items() if k != "USE_HUB_KERNELS"} | {"PYTHONUNBUFFERED": "1"}
     probe = subprocess.run([str(python), "-c", PROBE, model], capture_output=True, text=True, env=env_vars,
                            stdin=subprocess.DEVNULL)
     row.loads = "yes" if probe.returncode == 0 else f"no: {_last_line(probe.stderr or probe.stdout)}"
@@ -220,19 +226,20 @@ def table(rows: list[Row], header: str = "") -> str:
     return "\n".join(out) + "\n"
 
 
-def matrix(releases, out: Path | None, root: Path, pip_args: list[str], diff_args: list[str], say=print) -> list[Row]:
+def matrix(releases, out: Path | None, root: Path, pip_args: list[str], diff_args: list[str], say=print,
+           no_deps: bool = False) -> list[Row]:
     from harness.atomic import write_bytes_atomic
     from harness.bench.host import describe, host_info
 
     rows = []
     for release in releases:
-        row = run_row(release, root, pip_args, diff_args, say)
+        row = run_row(release, root, pip_args, diff_args, say, no_deps)
         say(f"matrix: {release}: installs {row.installs}; loads {row.loads or '-'}; {row.verdict or '-'} "
             f"({row.seconds:.0f} s)")
         rows.append(row)
     host = host_info()
     header = (f"Measured {time.strftime('%Y-%m-%d')} on {describe(host)}; {os.cpu_count()} CPUs "
-              f"(`harness goldens matrix{''.join(' ' + a for a in diff_args)}`).\n")
+              f"(`harness goldens matrix{' --no-deps' if no_deps else ''}{''.join(' ' + a for a in diff_args)}`).\n")
     text = table(rows, header)
     say(text)
     if out is not None:
