@@ -1,5 +1,6 @@
-"""Fixtures the test modules share: a generated checkpoint that is not the fixture, with its goldens
-recorded once per session (tests/test_your_model.py, tests/test_matrix.py)."""
+"""Fixtures the test modules share: a copy of the committed goldens to tamper with, and a generated
+checkpoint that is not the fixture with its goldens recorded once per session (tests/test_your_model.py,
+tests/test_matrix.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,19 @@ from pathlib import Path
 import pytest
 
 from support import run_cli
+
+
+@pytest.fixture
+def goldens_copy(tmp_path, monkeypatch) -> Path:
+    """A copy of the committed goldens, pointed at (HARNESS_GOLDENS_DIR), for a test that tampers."""
+    import shutil
+
+    from harness.goldens.store import goldens_dir
+
+    root = tmp_path / "goldens"
+    shutil.copytree(goldens_dir(), root)
+    monkeypatch.setenv("HARNESS_GOLDENS_DIR", str(root))
+    return root
 
 
 @pytest.fixture(scope="session")

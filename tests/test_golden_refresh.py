@@ -21,14 +21,6 @@ pytestmark = pytest.mark.mac
 FRANCE = GOLDEN_PROMPTS[0]
 
 
-@pytest.fixture
-def goldens_copy(tmp_path, monkeypatch):
-    root = tmp_path / "goldens"
-    shutil.copytree(goldens_dir(), root)
-    monkeypatch.setenv("HARNESS_GOLDENS_DIR", str(root))
-    return root
-
-
 def _snapshot(root) -> dict:
     return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 

@@ -28,18 +28,6 @@ FRANCE = GOLDEN_PROMPTS[0]
 SELECT = f"test_token_golden and fp32 and pte and {slug(FRANCE)}"
 
 
-@pytest.fixture
-def goldens_copy(tmp_path, monkeypatch):
-    import shutil
-
-    from harness.goldens.store import goldens_dir
-
-    root = tmp_path / "goldens"
-    shutil.copytree(goldens_dir(), root)
-    monkeypatch.setenv("HARNESS_GOLDENS_DIR", str(root))
-    return root
-
-
 def _files(root: Path) -> dict:
     return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # (the refresh gate): they use the same comparison as the code that owns it, not a second one.
 SAME_COMPARISON = {
     "tests/test_golden_teeth.py", "tests/test_tolerance_calibration.py", "tests/test_tolerances.py",
-    "tests/test_golden_refresh.py", "harness/tolerances.py",
+    "tests/test_golden_refresh.py", "harness/tolerances.py", "tests/test_bench_diff.py",
     "tests/test_llamacpp.py::test_agreement_reports_a_perturbed_position",
     "tests/test_llamacpp.py::test_the_near_tie_rule",
     "tests/test_numerics.py::test_size_budget_catches_an_unquantized_per_layer_embedding",

@@ -40,6 +40,29 @@ def golden_subject(args):
     return subject_for(args.model, getattr(args, "prompts", None), args.recipe)
 
 
+def _render_matrix(args) -> int:
+    """--render RUN.json ...: one table from earlier matrix runs (no environment is made)."""
+    import json
+
+    from harness.errors import HarnessError
+    from harness.goldens.matrix import render
+
+    records = []
+    for path in args.render:
+        try:
+            records.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as e:
+            raise HarnessError(f"{path}: not a matrix JSON ({e})", "pass the .json a matrix run wrote beside its --out") from None
+    text = render(records)
+    if args.out is None:
+        print(text)
+    else:
+        from harness.atomic import write_bytes_atomic
+
+        write_bytes_atomic(args.out, text.encode())
+    return 0
+
+
 @verdict
 def cmd_goldens_diff(args) -> int:
     """Exit 0: every golden stage says what it said; 1: something changed (one line per change); 2: an error."""
@@ -61,6 +84,8 @@ def cmd_goldens_matrix(args) -> int:
     """One environment per release, ``goldens diff`` in each, a table (harness/goldens/matrix.py)."""
     from harness.goldens.matrix import DEFAULT_RELEASES, check_releases, default_root, matrix
 
+    if args.render:
+        return _render_matrix(args)
     releases = check_releases(args.releases or DEFAULT_RELEASES)
     diff_args = [*(["--model", args.model] if args.model != "fixture" else []),
                  *(["--goldens", str(Path(args.goldens).resolve())] if args.goldens else [])]
@@ -104,6 +129,8 @@ def add_goldens_commands(sub) -> None:
     gm.add_argument("--no-index", action="store_true", help="only --find-links, not the registry")
     gm.add_argument("--no-deps", action="store_true", help="install each release without its requirements "
                                                            "(e.g. transformers 5.25 without kernels)")
+    gm.add_argument("--render", nargs="+", type=Path, metavar="RUN.json",
+                    help="no runs: one table from the JSON of earlier runs (to --out, or stdout)")
     gm.add_argument("--model", default="fixture", help="fixture, or your checkpoint directory (with --goldens)")
     gm.add_argument("--goldens", metavar="DIR", help="the goldens directory of --model")
     gm.set_defaults(func=cmd_goldens_matrix)

@@ -209,8 +209,18 @@ def _cell(move: dict | None) -> str:
     return ids + ("" if lp is None else f" {lp:.2g}")
 
 
+def _stage_order(stage: str) -> tuple:
+    """The chain's order: the reference recipe first, each recipe's stages as harness/goldens/store.py lists them."""
+    from harness.goldens.store import STAGES
+
+    recipe, _, name = stage.rpartition(":")
+    order = [*STAGES, "native"]
+    return (0 if recipe == "fp32" or recipe.startswith("reference-") else 1, recipe,
+            order.index(name) if name in order else len(order), name)
+
+
 def table(rows: list[Row], header: str = "") -> str:
-    stages = list(dict.fromkeys(s for r in rows for s in r.stages))  # in the chain's order, as first seen
+    stages = sorted({s for r in rows for s in r.stages}, key=_stage_order)
     cols = ["release", "resolved", "installs", "loads", "verdict", *stages, "time"]
     out = [header] if header else []
     out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -226,10 +236,22 @@ def table(rows: list[Row], header: str = "") -> str:
     return "\n".join(out) + "\n"
 
 
+def _header(record: dict) -> str:
+    from harness.bench.host import describe
+
+    return f"- Measured {record['date']} on {describe(record['host'])}: `{record['command']}`\n"
+
+
+def render(records: list[dict]) -> str:
+    """The markdown of one or more matrix runs (their JSON), rows in order, each run's header named."""
+    rows = [Row(**r) for rec in records for r in rec["rows"]]
+    return table(rows, "".join(_header(rec) for rec in records) + "\n")
+
+
 def matrix(releases, out: Path | None, root: Path, pip_args: list[str], diff_args: list[str], say=print,
            no_deps: bool = False) -> list[Row]:
     from harness.atomic import write_bytes_atomic
-    from harness.bench.host import describe, host_info
+    from harness.bench.host import host_info
 
     rows = []
     for release in releases:
@@ -237,15 +259,16 @@ def matrix(releases, out: Path | None, root: Path, pip_args: list[str], diff_arg
         say(f"matrix: {release}: installs {row.installs}; loads {row.loads or '-'}; {row.verdict or '-'} "
             f"({row.seconds:.0f} s)")
         rows.append(row)
-    host = host_info()
-    header = (f"Measured {time.strftime('%Y-%m-%d')} on {describe(host)}; {os.cpu_count()} CPUs "
-              f"(`harness goldens matrix{' --no-deps' if no_deps else ''}{''.join(' ' + a for a in diff_args)}`).\n")
-    text = table(rows, header)
+    record = {"date": time.strftime("%Y-%m-%d"), "host": host_info(),
+              "command": f"harness goldens matrix{' --no-deps' if no_deps else ''} {' '.join(releases)}"
+                         + "".join(" " + a for a in diff_args),
+              "rows": [asdict(r) for r in rows]}
+    text = render([record])
     say(text)
     if out is not None:
+        write_bytes_atomic(out.with_suffix(".json"), json.dumps(record, indent=1).encode(),
+                           verify=lambda p: json.loads(p.read_text()))
         write_bytes_atomic(out, text.encode())
-        write_bytes_atomic(out.with_suffix(".json"), json.dumps(
-            {"host": host, "rows": [asdict(r) for r in rows]}, indent=1).encode(), verify=lambda p: json.loads(p.read_text()))
     return rows
 
 
