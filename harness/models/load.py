@@ -13,7 +13,7 @@ from harness.cache import sha256_file
 from harness.errors import HarnessError
 
 FIXTURE_DIR = Path(__file__).resolve().parent / "fixture"
-ATTN_IMPLEMENTATION = "eager"  # bit-exact eager vs exported; see README "Why eager attention"
+ATTN_IMPLEMENTATION = "eager"  # bit-exact eager vs exported; see docs/architecture.md, "Why eager attention"
 
 
 @dataclass
