@@ -122,9 +122,23 @@ def _snapshot_update_gate(session) -> None:
     except HarnessError as e:
         say(f"snapshot-update: error: {e}")
         rc = 2
+    verdict = ("snapshot-update: REFUSED; no golden was written" if rc != 0 else
+               "snapshot-update: the gate accepted; the whole golden set and the provenance were written")
+    say(verdict)
+    session.config.stash[_GATE_VERDICT] = verdict
     if rc != 0:
-        say("snapshot-update: REFUSED; no golden was written")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_GATE_VERDICT = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The gate's verdict again, last: syrupy's own summary ("N snapshots updated") prints after the
+    session finished and counts what it asked for, not what the gate wrote."""
+    if _GATE_VERDICT in config.stash:
+        terminalreporter.write_line(config.stash[_GATE_VERDICT])
 
 
 def pytest_report_header(config):

@@ -211,7 +211,7 @@ def test_the_per_layer_table_is_gathered_row_first_never_dequantized_whole(pipel
     assert not _whole_table_floats(p.exported, shape), "the exported fast program dequantizes the whole table"
 
 
-@pytest.mark.parametrize("shape", ["fixture", "e2b", "small"])
+@pytest.mark.parametrize("shape", ["fixture", "e2b", "small", "small-unshared"])
 def test_kv_sharing_is_read_the_same_from_a_release_without_kv_sharing_modes(shape):
     """transformers 5.22's config has no ``kv_sharing_modes`` (the compatibility matrix found the fast
     path stopping there): the harness derives it from ``num_kv_shared_layers`` as 5.22's attention
@@ -228,6 +228,8 @@ def test_kv_sharing_is_read_the_same_from_a_release_without_kv_sharing_modes(sha
 
         raw = json.loads((FIXTURE_DIR / "config.json").read_text())
         config = Gemma4TextConfig(**raw.get("text_config", raw))
+    elif shape == "small-unshared":
+        config = Gemma4TextConfig(**{**text_config("small"), "num_kv_shared_layers": 0})
     else:
         config = Gemma4TextConfig(**text_config(shape))
     old = types.SimpleNamespace(num_hidden_layers=config.num_hidden_layers, layer_types=list(config.layer_types),

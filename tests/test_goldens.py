@@ -40,8 +40,9 @@ def test_token_golden(stage_runs, pipeline, recipe, stage, prompt, token_snapsho
     if token_snapshot(recipe, stage, prompt) == token_record(prompt, gen.ids, tok):
         return
     problem = check_token_golden(recipe, stage, prompt, gen, tok, runs=stage_runs.chain(prompt))
-    pytest.fail(problem or f"{recipe}:{stage} {prompt!r}: the ids hold but the recorded text differs "
-                f"(now {tok.decode(gen.ids, skip_special_tokens=True)!r})")
+    pytest.fail(problem or f"{recipe}:{stage} {prompt!r}: the ids hold, but the golden file differs from what "
+                f"`harness goldens update` writes (its text, now {tok.decode(gen.ids, skip_special_tokens=True)!r}, "
+                "or its formatting)")
 
 
 @recipes

@@ -47,7 +47,7 @@ def test_a_missing_golden_is_written_back_by_the_gate_with_the_whole_set(goldens
     done = _pytest("--snapshot-update")
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
-    assert "the gate of `harness goldens update`" in out and "updated" in out, out[-3000:]
+    assert "the gate of `harness goldens update`" in out and "goldens of fixture updated" in out, out[-3000:]
     assert target.read_bytes() == committed, "the golden came back other than committed"
     after = _files(goldens_copy)
     assert all(after[p] == b for p, b in tokens_before.items()), "a token golden the gate did not change moved"

@@ -8,8 +8,8 @@ that drops after an upgrade is our stack getting slower. Ratios are compared onl
 class (machine, the ISA features the kernels choose between, the thread count): another CPU is
 another ratio (docs/benchmarks.md: 1.07x and 1.73x on two hosts "of the same kind").
 
-``OLD`` and ``NEW`` are pytest-benchmark JSONs of the bench (or pi5) tier, or a performance golden
-(``goldens/perf/<host class>.json``, written by ``harness bench diff --record RUN.json``: the
+``OLD`` and ``NEW`` are pytest-benchmark JSONs of the bench tier (the rows paired with llama.cpp), or a performance golden
+(``goldens/perf/<host class>.json``, written by ``harness bench record RUN.json ...``: the
 median ratio over the runs given). A drop beyond ``bench/paired_drop/<decode|prefill>`` (the spread
 measured between runs of one stack, harness/tolerances.py) is flagged: exit 1. Exit 0: no drop
 beyond it; 2: the two cannot be compared (another host class, no paired ratios).
@@ -160,12 +160,13 @@ def record(runs: list[Path], allow: str | None = None, say=print) -> int:
     path = perf_golden_path(golden["host_class"])
     if path.is_file():
         old = read_side(path)
+        golden["allowed"] = list(old.get("allowed", []))  # every reason recorded so far is kept
         if bench_diff(old, {**golden, "label": "the new runs"}, say) == 1:
             if not allow:
                 say("not recorded: the new runs are slower than the golden (above); nothing was written. "
                     "`--allow REASON` records them anyway, with the reason.")
                 return 1
-            golden["allowed"] = old.get("allowed", []) + [{"date": golden["recorded"], "reason": allow}]
+            golden["allowed"].append({"date": golden["recorded"], "reason": allow})
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(path, (json.dumps(golden, indent=1, sort_keys=True) + "\n").encode(),
                        verify=lambda p: json.loads(p.read_text()))

@@ -92,6 +92,9 @@ def cmd_goldens_matrix(args) -> int:
     if args.out is not None:
         from harness.atomic import check_writable
 
+        if args.out.suffix == ".json":
+            raise HarnessError(f"--out {args.out}: the table is markdown and its JSON goes beside it",
+                               "name the table FILE.md")
         check_writable(args.out)
     pip_args = [a for link in args.find_links or () for a in ("--find-links", str(Path(link).resolve()))]
     pip_args += ["--no-index"] if args.no_index else []

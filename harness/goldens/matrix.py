@@ -59,9 +59,10 @@ def _this_site_packages() -> list[str]:
     return paths or [sysconfig.get_paths()["purelib"]]
 
 
-def env_dir(release: str, root: Path) -> Path:
-    """One directory per release and base environment (a different base is a different layer)."""
-    base = hashlib.sha256(("\n".join([sys.prefix, *_this_site_packages()])).encode()).hexdigest()[:8]
+def env_dir(release: str, root: Path, pip_args=()) -> Path:
+    """One directory per release, base environment and pip arguments (another base or index is
+    another layer)."""
+    base = hashlib.sha256(("\n".join([sys.prefix, *_this_site_packages(), *pip_args])).encode()).hexdigest()[:8]
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", release).strip("-")
     return root / f"{slug}-{base}"
 
@@ -81,10 +82,13 @@ def _make_layer(env: Path) -> None:
 
 def why_not(pip_output: str) -> str:
     """pip's reason in a few words: 'needs kernels>=0.19.1', 'needs torch==2.12.0', or its last error."""
-    python = re.findall(r"Requires-Python (\S+)", pip_output) or re.findall(r"requires a different Python: \S+ not in '([^']+)'", pip_output)
-    if python:
-        return f"requires Python {python[-1]}"
     missing = re.findall(r"No matching distribution found for ([^\s]+)", pip_output)
+    python = re.findall(r"Requires-Python (\S+)", pip_output) or re.findall(r"requires a different Python: \S+ not in '([^']+)'", pip_output)
+    # the Python reason only where the release itself was skipped for it (pip lists every skipped candidate)
+    pinned = re.findall(r"==([^\s,;]+)", missing[-1]) if missing else []
+    if python and (not missing or (pinned and re.search(rf"\b{re.escape(pinned[-1])} Requires-Python", pip_output))
+                   or "requires a different Python" in pip_output):
+        return f"requires Python {python[-1]}"
     if missing:
         return f"needs {missing[-1]} (not in the registry)"
     conflicts = re.findall(r"^\s*(\S+ \S+) depends on (\S+)", pip_output, flags=re.M)
@@ -106,7 +110,7 @@ def _pip(env: Path, release: str, no_deps: bool, pip_args: list[str], constraint
 def prepare(release: str, root: Path, pip_args: list[str], say=print, no_deps: bool = False) -> tuple[Path, str]:
     """The release's environment (cached) and how it installed: 'yes', 'only with --no-deps (...)',
     'with --no-deps, as asked', or 'no: ...' (then there is nothing to run)."""
-    env = env_dir(release + (" --no-deps" if no_deps else ""), root)
+    env = env_dir(release + (" --no-deps" if no_deps else ""), root, pip_args)
     record = env / "matrix-install.json"
     if record.is_file():
         return env, json.loads(record.read_text())["installs"]
@@ -128,6 +132,11 @@ def prepare(release: str, root: Path, pip_args: list[str], say=print, no_deps: b
         reason = why_not(out)
         rc, out2 = _pip(partial, release, True, pip_args, constraints)
         installs = f"only with --no-deps ({reason})" if rc == 0 else f"no: {reason}"
+    if installs.startswith("no:"):  # not cached: the next run asks pip again (a registry can change)
+        import shutil
+
+        shutil.rmtree(partial, ignore_errors=True)
+        return env, installs
     (partial / "matrix-install.json").write_text(json.dumps({"release": release, "installs": installs}))
     partial.rename(env)  # a venv finds its prefix from its interpreter's path: renaming it is safe
     return env, installs
@@ -135,11 +144,12 @@ def prepare(release: str, root: Path, pip_args: list[str], say=print, no_deps: b
 
 # ---- one row -----------------------------------------------------------------------------------
 def _versions(python: Path) -> dict:
-    code = ("import json\nfrom importlib import metadata\nout = {}\nfor n in %r:\n"
-            "    try: out[n] = metadata.version(n)\n    except metadata.PackageNotFoundError: out[n] = None\n"
-            "print(json.dumps(out))") % (WATCHED,)
-    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
-    return json.loads(done.stdout) if done.returncode == 0 else {}
+    from harness.goldens.upgrade import installed_versions
+
+    try:
+        return installed_versions(WATCHED, python=str(python))
+    except (subprocess.CalledProcessError, ValueError):
+        return {}
 
 
 PROBE = """
@@ -175,17 +185,24 @@ def run_row(release: str, root: Path, pip_args: list[str], diff_args: list[str],
     # no USE_HUB_KERNELS here: keeping hub kernels off is the harness's own job (harness/__init__.py,
     # use_kernels=False on every load), and a row must show that it does it under each release
     env_vars = {k: v for k, v in os.environ.items() if k != "USE_HUB_KERNELS"} | {"PYTHONUNBUFFERED": "1"}
-    probe = subprocess.run([str(python), "-c", PROBE, model], capture_output=True, text=True, env=env_vars,
-                           stdin=subprocess.DEVNULL)
-    row.loads = "yes" if probe.returncode == 0 else f"no: {_last_line(probe.stderr or probe.stdout)}"
-    if probe.returncode != 0:
+    try:
+        probe = subprocess.run([str(python), "-c", PROBE, model], capture_output=True, text=True, env=env_vars,
+                               stdin=subprocess.DEVNULL, timeout=ROW_TIMEOUT_S)
+        row.loads = "yes" if probe.returncode == 0 else f"no: {_last_line(probe.stderr or probe.stdout)}"
+    except subprocess.TimeoutExpired:
+        row.loads = f"no: timed out after {ROW_TIMEOUT_S} s"
+    if row.loads != "yes":
         row.seconds = time.perf_counter() - t0
         return row
     say(f"matrix: {release}: goldens diff ({', '.join(f'{k} {v}' for k, v in row.versions.items() if v)})")
     report = env / "diff.json"
     report.unlink(missing_ok=True)
-    done = subprocess.run([str(python), "-m", "harness", "goldens", "diff", "--json", str(report), *diff_args],
-                          capture_output=True, text=True, env=env_vars, stdin=subprocess.DEVNULL, timeout=ROW_TIMEOUT_S)
+    try:
+        done = subprocess.run([str(python), "-m", "harness", "goldens", "diff", "--json", str(report), *diff_args],
+                              capture_output=True, text=True, env=env_vars, stdin=subprocess.DEVNULL, timeout=ROW_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        row.verdict, row.seconds = f"timed out after {ROW_TIMEOUT_S} s", time.perf_counter() - t0
+        return row
     row.exit = done.returncode
     (env / "diff.log").write_text(done.stdout + done.stderr)
     if done.returncode in (0, 1) and report.is_file():
