@@ -104,7 +104,7 @@ def test_a_two_row_list_of_local_wheels_runs_to_its_rows(your_checkpoint, your_r
     assert all(m["ids_changed"] == 0 for s, m in first["stages"].items() if s != f"{RECIPE}:pte"), first["stages"]
     assert second["installs"] == "no: requires Python <3" and second["exit"] is None, second
     # the probe really ran in the layer: the release is installed there, and not here
-    probe = env_dir("harness-matrix-probe==1.0", envs) / "bin" / "python"
+    probe = env_dir("harness-matrix-probe==1.0", envs, ["--find-links", str(wheels.resolve()), "--no-index"]) / "bin" / "python"
     assert subprocess.run([str(probe), "-c", "import harness_matrix_probe as p; assert p.VERSION == '1.0'"]).returncode == 0
     assert subprocess.run([sys.executable, "-c", "import harness_matrix_probe"], capture_output=True).returncode != 0
     text = out.read_text()
