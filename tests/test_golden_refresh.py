@@ -13,16 +13,14 @@ import subprocess
 import sys
 
 import pytest
+
+from support import tree_bytes
 import torch
 
 from harness.goldens.store import GOLDEN_PROMPTS, goldens_dir, token_golden_path
 
 pytestmark = pytest.mark.mac
 FRANCE = GOLDEN_PROMPTS[0]
-
-
-def _snapshot(root) -> dict:
-    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _tamper_clear_margin(computed, recipe="fp32", stage="pte", prompt=FRANCE, pos=3) -> int:
@@ -47,10 +45,10 @@ def test_diff_names_a_tampered_golden_and_update_refuses_then_allows(goldens_cop
     assert repr(FRANCE) in line and "first diverging stage fp32:pte at generated position 3" in line, out
     assert "BLOCKS the refresh" in line and "clear-margin" in line
 
-    before = _snapshot(goldens_copy)
+    before = tree_bytes(goldens_copy)
     assert update_main(computed=computed_goldens) == 1
     assert "nothing was written" in capsys.readouterr().out
-    assert _snapshot(goldens_copy) == before, "a refused update changed files"
+    assert tree_bytes(goldens_copy) == before, "a refused update changed files"
 
     assert update_main(allow="testing the gate", computed=computed_goldens) == 0
     capsys.readouterr()

@@ -20,16 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from support import tree_bytes
+
 from harness.goldens.store import GOLDEN_PROMPTS, slug, token_golden_path
 
 pytestmark = pytest.mark.mac
 ROOT = Path(__file__).resolve().parent.parent
 FRANCE = GOLDEN_PROMPTS[0]
 SELECT = f"test_token_golden and fp32 and pte and {slug(FRANCE)}"
-
-
-def _files(root: Path) -> dict:
-    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _pytest(*args: str) -> subprocess.CompletedProcess:
@@ -42,14 +40,14 @@ def test_a_missing_golden_is_written_back_by_the_gate_with_the_whole_set(goldens
     target = token_golden_path("fp32", "pte", FRANCE)
     committed = target.read_bytes()
     target.unlink()
-    tokens_before = {p: b for p, b in _files(goldens_copy).items() if p.parts[0] == "tokens"}
+    tokens_before = {p: b for p, b in tree_bytes(goldens_copy).items() if p.parts[0] == "tokens"}
     t0 = time.time_ns()
     done = _pytest("--snapshot-update")
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "the gate of `harness goldens update`" in out and "goldens of fixture updated" in out, out[-3000:]
     assert target.read_bytes() == committed, "the golden came back other than committed"
-    after = _files(goldens_copy)
+    after = tree_bytes(goldens_copy)
     assert all(after[p] == b for p, b in tokens_before.items()), "a token golden the gate did not change moved"
     # the whole set was written, not the one golden -k selected
     rewritten = [p for p in goldens_copy.rglob("*.json") if p.stat().st_mtime_ns >= t0]
@@ -64,21 +62,21 @@ def test_a_clear_margin_change_fails_the_session_and_writes_nothing(goldens_copy
     record = json.loads(path.read_text())
     record["ids"][3] = int(top.indices[1])
     path.write_text(json.dumps(record))
-    before = _files(goldens_copy)
+    before = tree_bytes(goldens_copy)
     done = _pytest("--snapshot-update")
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-4000:]
     assert "BLOCKS the refresh" in out and "REFUSED; no golden was written" in out, out[-3000:]
-    assert _files(goldens_copy) == before, "a refused update wrote"
+    assert tree_bytes(goldens_copy) == before, "a refused update wrote"
     plain = _pytest()  # and without --snapshot-update it is an ordinary, localized failure
     assert plain.returncode == 1 and "changed its answer" in plain.stdout, plain.stdout[-3000:]
 
 
 def test_nothing_differs_nothing_is_written(goldens_copy):
-    before = _files(goldens_copy)
+    before = tree_bytes(goldens_copy)
     done = _pytest("--snapshot-update")
     assert done.returncode == 0 and "nothing to update" in done.stdout, done.stdout[-3000:]
-    assert _files(goldens_copy) == before
+    assert tree_bytes(goldens_copy) == before
 
 
 def test_updating_only_new_snapshots_is_refused():

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from harness.goldens.store import logit_golden_path, read_json_golden, token_golden_path
-from support import run_cli
+from support import run_cli, tree_bytes
 
 pytestmark = pytest.mark.mac
 RECIPE = "8da4w-fast"
@@ -48,10 +48,6 @@ def goldens(recorded, tmp_path, monkeypatch) -> Path:
     shutil.copytree(recorded[0], root)
     monkeypatch.setenv("HARNESS_GOLDENS_DIR", str(root))
     return root
-
-
-def _snapshot(root: Path) -> dict:
-    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _harness(*argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -89,11 +85,11 @@ def test_goldens_diff_on_the_command_line_recomputes_every_stage_and_finds_nothi
     """A fresh process: the reference, eager and exported stages recomputed, the cached .pt2 and
     .pte reloaded. Exit 0 only if every token, logit, prompt and quantize golden still holds."""
     root, computed, _ = recorded
-    before = _snapshot(root)
+    before = tree_bytes(root)
     done = _harness("goldens", "diff", "--model", str(checkpoint), "--goldens", str(root))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "no golden changed" in done.stdout and computed.subject.key in done.stdout
-    assert _snapshot(root) == before, "diff wrote to the goldens"
+    assert tree_bytes(root) == before, "diff wrote to the goldens"
 
 
 def _clearest(computed, stage: str) -> tuple[str, int, int]:
@@ -131,10 +127,10 @@ def test_a_tampered_token_fails_the_diff_and_the_update_is_refused_then_allowed(
     assert repr(prompt) in line and f"first diverging stage {RECIPE}:pte at generated position {pos}" in line, out
     assert "BLOCKS the refresh" in line and "clear-margin" in line
 
-    before = _snapshot(goldens)
+    before = tree_bytes(goldens)
     assert update_main(computed=computed) == 1
     assert "nothing was written" in capsys.readouterr().out
-    assert _snapshot(goldens) == before, "a refused update changed files"
+    assert tree_bytes(goldens) == before, "a refused update changed files"
 
     assert update_main(allow="testing the gate on my own model", computed=computed) == 0
     capsys.readouterr()
@@ -256,9 +252,9 @@ def test_a_directory_that_is_not_a_gemma4_checkpoint(goldens, checkpoint, tmp_pa
     config = json.loads((other / "config.json").read_text())
     config["model_type"] = "llama"
     (other / "config.json").write_text(json.dumps(config))
-    before = _snapshot(goldens)
+    before = tree_bytes(goldens)
     _one_error(["goldens", "update", "--model", str(other), "--goldens", str(goldens)], "is not a Gemma 4 checkpoint")
-    assert _snapshot(goldens) == before
+    assert tree_bytes(goldens) == before
 
 
 def test_a_tokenizer_that_does_not_match_the_vocabulary(goldens, checkpoint, tmp_path):
@@ -266,10 +262,10 @@ def test_a_tokenizer_that_does_not_match_the_vocabulary(goldens, checkpoint, tmp
 
     other = _copy(checkpoint, tmp_path)
     write_tokenizer(other, 4096)  # another model's tokenizer: twice the small shape's 2048 ids
-    before = _snapshot(goldens)
+    before = tree_bytes(goldens)
     _one_error(["goldens", "diff", "--model", str(other), "--goldens", str(goldens)],
                "the tokenizer has 4096 tokens, the model's vocabulary 2048")
-    assert _snapshot(goldens) == before
+    assert tree_bytes(goldens) == before
 
 
 def test_goldens_recorded_for_another_model_with_the_same_name(goldens, recorded, checkpoint, tmp_path):
@@ -291,10 +287,10 @@ def test_goldens_recorded_for_another_recipe(goldens, checkpoint):
 def test_a_prompt_file_with_a_malformed_line(goldens, checkpoint, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "What is the capital of France?"}\n{"prompt": "Who wrote\n')
-    before = _snapshot(goldens)
+    before = tree_bytes(goldens)
     _one_error(["goldens", "update", "--model", str(checkpoint), "--goldens", str(goldens), "--prompts", str(prompts)],
                f"{prompts}:2 is not valid JSON")
-    assert _snapshot(goldens) == before
+    assert tree_bytes(goldens) == before
 
 
 def test_a_goldens_directory_that_is_not_writable(checkpoint, tmp_path):

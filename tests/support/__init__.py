@@ -23,6 +23,14 @@ RECIPE_NAMES = list(GOLDEN_RECIPES)  # recipes with goldens of their own
 BENCH_STATE: dict = {"failures": {}}
 
 
+def tree_bytes(root) -> dict:
+    """Every file below ``root`` (relative path -> bytes): to show that a command wrote nothing there."""
+    from pathlib import Path
+
+    root = Path(root)
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
 def skip_without_llama_cpp() -> None:
     """Skip, with the one-line reason and its fix, where llama-cpp-python is missing or is a build
     the harness refuses (tests/test_llamacpp.py's gate fails for it in CI)."""
