@@ -1,7 +1,7 @@
 """The operator libraries of fast-recipe programs, registered for export and for every runtime that
 loads a program calling them: ExecuTorch's LLM custom ops (``llama::custom_sdpa``,
 ``update_cache``...), and the harness's own ``harness::q4_linear`` (the tied ``lm_head`` on the token
-table's INT4 data, harness/build/fast/tied.py): its torch definition here, its ExecuTorch kernel in
+table's INT4 data, harness/export/fast/tied.py): its torch definition here, its ExecuTorch kernel in
 harness/runtimes/cpp/tied_kernels.cpp.
 
 ``q4_linear``'s eager definition is torchao's 8da4w arithmetic on that data (INT8 asymmetric

@@ -1,8 +1,8 @@
-"""The whole pipeline a test or a user drives: the build (harness/build/pipeline.py: load →
+"""The whole pipeline a test or a user drives: the build (harness/export/pipeline.py: load →
 quantize → export → lower → serialize, cached) and the runs of its artifacts, each through its
 runtime (harness/runtimes): ``eager`` (the recipe's model, through the wrapper that is exported),
 ``exported`` (the reloaded ``.pt2``), ``pte`` (the ``.pte`` through ExecuTorch's Python runtime),
-and transformers' own ``generate`` as the reference. Kept out of harness/build so that editing how
+and transformers' own ``generate`` as the reference. Kept out of harness/export so that editing how
 models are run never invalidates a cached artifact.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from functools import cached_property
 
-from harness.build.pipeline import BuildPipeline, StageRecord
+from harness.export.pipeline import BuildPipeline, StageRecord
 from harness.errors import HarnessError
 from harness.program import eos_ids
 from harness.runtimes.base import Generation, Runtime

@@ -14,7 +14,7 @@ class Recipe:
     group_size: int | None = None  # None: 128 where every quantized in_features allows it, else 32
     per_layer_embedding: str | None = None  # None (FP32) or "int8": INT8 per-row, the E2B table
     embedding: str | None = None  # None (FP32, as transformers ties it) or "int8"/"int4": the token table
-    export: str = "hf"  # "hf": transformers' exportable wrapper; "fast": harness/build/fast/ (custom ops)
+    export: str = "hf"  # "hf": transformers' exportable wrapper; "fast": harness/export/fast/ (custom ops)
     description: str = ""
 
     @property
@@ -42,7 +42,7 @@ RECIPES: dict[str, Recipe] = {
             per_layer_embedding="int8",
             embedding="int4",
             export="fast",
-            description="8da4w's quantization exported through harness/build/fast/: ExecuTorch's custom "
+            description="8da4w's quantization exported through harness/export/fast/: ExecuTorch's custom "
             "SDPA and KV-cache ops, ring-buffer caches on sliding layers, the decoder delegated to "
             "XNNPACK, the token table INT4 and stored once for the lookup and the tied lm_head "
             "(harness::q4_linear); says what 8da4w says",

@@ -26,7 +26,7 @@ def library_versions(libraries=None) -> dict[str, str]:
 # two top-level modules they read (the recipe table and the program contract). Everything else
 # (runtimes, goldens, benchmarks, the CLI, the tests) can change without invalidating a cached
 # .pt2 or .pte. A new module inside these packages is hashed without being listed anywhere.
-BUILD_SOURCES = ("models", "build", "recipes.py", "program.py")
+BUILD_SOURCES = ("models", "export", "recipes.py", "program.py")
 _HASHED_SUFFIXES = (".py", ".json")
 
 

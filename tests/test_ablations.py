@@ -20,7 +20,7 @@ import torch
 
 from support import corpus
 from harness.training.ablations import FEATURES, without
-from harness.build.pipeline import shared_model
+from harness.export.pipeline import shared_model
 from harness.pipeline import encode_prompt
 from harness.tolerances import tolerance
 

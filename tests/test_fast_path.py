@@ -1,4 +1,4 @@
-"""The fast recipe (``8da4w-fast``, harness/build/fast/): ExecuTorch's custom attention and KV-cache
+"""The fast recipe (``8da4w-fast``, harness/export/fast/): ExecuTorch's custom attention and KV-cache
 ops, ring-buffer caches on sliding layers, the decoder delegated to XNNPACK, an INT4 embedding
 table. It must say exactly what ``8da4w`` says (its token goldens), keep saying it past the
 sliding window, and leave only the portable ops it has a reason for."""
@@ -112,9 +112,9 @@ def test_fast_pte_prefill_past_the_window_in_one_call(pipeline):
 
 
 def test_fast_pte_portable_ops_have_reasons(pipeline):
-    """Every operator left outside XNNPACK is one harness/build/fast/ explains, within the count its
+    """Every operator left outside XNNPACK is one harness/export/fast/ explains, within the count its
     reason implies for this model; the norms, RoPE and every matmul are delegated."""
-    from harness.build.fast.budget import portable_op_budget
+    from harness.export.fast.budget import portable_op_budget
 
     p = pipeline(FAST)
     report = p.lower_report
@@ -130,7 +130,7 @@ def test_fast_pte_portable_ops_have_reasons(pipeline):
 
 def test_fast_pte_stores_the_token_table_once(pipeline):
     """The tied table is one INT4 copy, read by the lookup (embedding_4bit) and by lm_head
-    (harness::q4_linear, harness/build/fast/tied.py); 8da4w, whose FP32 table and XNNPACK-packed
+    (harness::q4_linear, harness/export/fast/tied.py); 8da4w, whose FP32 table and XNNPACK-packed
     lm_head are two copies, shows the check fails on a program that stores it twice."""
     from harness.bench.scale import token_table_copies
 
@@ -183,11 +183,11 @@ def test_the_per_layer_table_is_gathered_row_first_never_dequantized_whole(pipel
     """torchao's lookup of an INT8-per-row table dequantizes all of it on every call: at E2B size
     9.4 GB of float32 per step of the eager model and of the exported .pt2, which took
     ``goldens update`` on an E2B-shaped checkpoint past 23 GiB until it was killed. The fast
-    wrapper gathers the rows' codes, zero points and scales first (harness/build/fast/embedding.py):
+    wrapper gathers the rows' codes, zero points and scales first (harness/export/fast/embedding.py):
     bit-exact with torchao's lookup, and no tensor of the table's size in the program."""
     import torch
 
-    from harness.build.fast.embedding import GatheredTable, gathered_table
+    from harness.export.fast.embedding import GatheredTable, gathered_table
 
     p = pipeline(FAST)
     table = p.quantized.model.embed_tokens_per_layer
@@ -220,7 +220,7 @@ def test_kv_sharing_is_read_the_same_from_a_release_without_kv_sharing_modes(sha
 
     from transformers import Gemma4TextConfig
 
-    from harness.build.fast.sharing import kv_sharing_modes
+    from harness.export.fast.sharing import kv_sharing_modes
     from harness.training.synthetic import text_config
 
     if shape == "fixture":

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from support import FIXTURE_DIR, corpus
-from harness.build.pipeline import shared_model
+from harness.export.pipeline import shared_model
 from harness.pipeline import encode_prompt
 
 pytestmark = pytest.mark.mac

@@ -39,7 +39,8 @@ def test_token_golden(stage_runs, pipeline, recipe, stage, prompt, token_snapsho
     gen = stage_runs(recipe, stage, prompt)
     if token_snapshot(recipe, stage, prompt) == token_record(prompt, gen.ids, tok):
         return
-    problem = check_token_golden(recipe, stage, prompt, gen, tok, runs=stage_runs.chain(prompt))
+    problem = check_token_golden(recipe, stage, prompt, gen, tok, runs=stage_runs.chain(prompt),
+                                 localize=_localize(pipeline, recipe, prompt))
     pytest.fail(problem or f"{recipe}:{stage} {prompt!r}: the ids hold, but the golden file differs from what "
                 f"`harness goldens update` writes (its text, now {tok.decode(gen.ids, skip_special_tokens=True)!r}, "
                 "or its formatting)")
@@ -48,9 +49,17 @@ def test_token_golden(stage_runs, pipeline, recipe, stage, prompt, token_snapsho
 @recipes
 @stages
 @params
-def test_logit_golden(stage_runs, recipe, stage, prompt):
-    problem = check_logit_golden(recipe, stage, prompt, stage_runs(recipe, stage, prompt))
+def test_logit_golden(stage_runs, pipeline, recipe, stage, prompt):
+    problem = check_logit_golden(recipe, stage, prompt, stage_runs(recipe, stage, prompt),
+                                 localize=_localize(pipeline, recipe, prompt))
     assert problem is None, problem
+
+
+def _localize(pipeline, recipe, prompt):
+    """The activation goldens' line for a failure message: computed only when a golden fails."""
+    from harness.goldens.activations import eager_localization
+
+    return lambda: eager_localization(pipeline(recipe).quantized, recipe, prompt)
 
 
 @pytest.mark.parametrize("recipe", ["8da4w", "8da4w-fast"])

@@ -1,7 +1,8 @@
 """The shape of the code, held: harness/ has no import circles (every ``harness.*`` import counts,
 also those inside functions), no module much past 400 lines without a stated reason, one greedy
 loop, runtimes registered by kind, and a build hash that covers every file of the packages that
-build artifacts, and nothing else."""
+build artifacts, and nothing else; no package under a name that tools take for generated output, and no
+harness file that .gitignore hides."""
 
 from __future__ import annotations
 
@@ -162,8 +163,36 @@ def test_the_build_hash_covers_the_build_packages_and_only_them(tmp_path):
     (root / "runtimes" / "base.py").write_text((root / "runtimes" / "base.py").read_text() + "\n# a comment\n")
     (root / "goldens" / "new.py").write_text("x = 1\n")
     assert hash_files(root) == before, "editing a runtime or the goldens must not invalidate cached artifacts"
-    (root / "build" / "new_pass.py").write_text("x = 1\n")  # a module nobody listed
+    (root / "export" / "new_pass.py").write_text("x = 1\n")  # a module nobody listed
     assert hash_files(root) != before
-    (root / "build" / "new_pass.py").unlink()
+    (root / "export" / "new_pass.py").unlink()
     (root / "models" / "configs" / "bench.json").write_text("{}")
     assert hash_files(root) != before
+
+
+# Directory names that .gitignore files, packagers and structure or coverage tools take for generated
+# output: a package under one of them once fell out of git (``build/`` in .gitignore).
+OUTPUT_NAMES = {"build", "dist", "out", "target", "output", "_build", "site"}
+
+
+def output_named_dirs(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root.parent)) for p in root.rglob("*")
+                  if p.is_dir() and p.name in OUTPUT_NAMES)
+
+
+def test_no_package_has_a_name_tools_take_for_output(tmp_path):
+    assert not output_named_dirs(HARNESS), "rename these packages: tools skip them as generated output"
+    (tmp_path / "harness" / "build").mkdir(parents=True)  # the name this layout removed is found
+    assert output_named_dirs(tmp_path / "harness") == ["harness/build"]
+
+
+def test_no_harness_file_is_ignored_by_git():
+    import subprocess
+
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = [str(p.relative_to(ROOT)) for p in HARNESS.rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *files], cwd=ROOT,
+                             capture_output=True, text=True).stdout.split()
+    assert not ignored, f".gitignore keeps harness source out of git: {ignored[:5]}"

@@ -1,4 +1,4 @@
-"""Lowering runs under harness/build/lean.py (provenance shared instead of deep-copied, the cyclic
+"""Lowering runs under harness/export/lean.py (provenance shared instead of deep-copied, the cyclic
 collector slowed): 14-30% of the demo's lowering time, and it must not change a byte of the
 program. ExecuTorch reads a node's provenance to give it a debug handle (one per oldest ancestor),
 which the ``.pte`` carries, so a provenance that lost its history would show in the bytes."""
@@ -14,8 +14,8 @@ pytestmark = pytest.mark.mac
 
 
 def test_the_fast_program_lowered_without_lean_tracing_is_the_same_byte_for_byte(pipeline, tmp_path):
-    from harness.build.lower import lower
-    from harness.build.pte import write_pte
+    from harness.export.lower import lower
+    from harness.export.pte import write_pte
     from harness.program import runner_metadata
 
     pipe = pipeline("8da4w-fast")  # the pipeline lowers under lean_tracing
@@ -23,7 +23,7 @@ def test_the_fast_program_lowered_without_lean_tracing_is_the_same_byte_for_byte
                      lean=False)
     written = write_pte(plain, tmp_path / "plain.pte")
     assert written.read_bytes() == pipe.pte_path.read_bytes(), (
-        "lean_tracing changed the lowered program (harness/build/lean.py)")
+        "lean_tracing changed the lowered program (harness/export/lean.py)")
 
 
 def _small_program():
@@ -49,7 +49,7 @@ def test_shared_provenance_names_the_same_ancestors_and_a_lost_history_would_not
     careless sharing would be) name others, which is what the byte comparison above would catch."""
     from torch.fx.traceback import NodeSource
 
-    from harness.build.lean import lean_tracing
+    from harness.export.lean import lean_tracing
 
     ep = _small_program()
     plain = _ancestors(ep.run_decompositions())
@@ -65,7 +65,7 @@ def test_shared_provenance_names_the_same_ancestors_and_a_lost_history_would_not
 def test_lean_tracing_is_undone_on_exit_on_error_and_when_nested():
     from torch.fx.traceback import NodeSource
 
-    from harness.build.lean import GC_THRESHOLDS, lean_tracing
+    from harness.export.lean import GC_THRESHOLDS, lean_tracing
 
     source = NodeSource(None, "a pass")
     thresholds = gc.get_threshold()

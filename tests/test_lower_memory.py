@@ -17,8 +17,8 @@ def test_dropping_the_packed_weights_changes_no_byte_and_lets_go_of_every_one(pi
     import torch
     from executorch.exir.lowered_backend_module import get_lowered_submodules
 
-    from harness.build.lower import drop_delegated_weights, lower
-    from harness.build.pte import write_pte
+    from harness.export.lower import drop_delegated_weights, lower
+    from harness.export.pte import write_pte
     from harness.program import runner_metadata
 
     pipe = pipeline("fp32")

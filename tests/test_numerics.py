@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from support import FIXTURE_PROMPTS, RECIPE_NAMES
-from harness.build.export import export_program
+from harness.export.torch_export import export_program
 from harness.runtimes.base import greedy
 from harness.compare import compare_tensors
 from harness.runtimes.pytorch import ExportedRuntime

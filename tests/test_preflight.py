@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from harness.build import preflight
+from harness.export import preflight
 from harness.errors import HarnessError
-from harness.build.preflight import (
+from harness.export.preflight import (
     ModelSize, check, checked_pipeline, estimate, measure_in_subprocess, model_size, size_from_loaded,
 )
 
@@ -105,12 +105,12 @@ def test_estimates_grow_with_the_stage_and_the_model():
 # ---- the pipeline hook -----------------------------------------------------------------------------
 @pytest.mark.mac
 def test_the_pipeline_checks_before_loading_and_loads_nothing_when_refused(monkeypatch, tmp_path):
-    import harness.build.pipeline
+    import harness.export.pipeline
 
     monkeypatch.delenv(preflight.SKIP_ENV, raising=False)
     monkeypatch.setattr(preflight, "available_memory", lambda: 1 << 20)
     monkeypatch.setattr(preflight, "current_rss", lambda: 0)  # as a fresh `harness export` process
-    monkeypatch.setattr(harness.build.pipeline, "shared_model", lambda spec: pytest.fail("loaded despite refusal"))
+    monkeypatch.setattr(harness.export.pipeline, "shared_model", lambda spec: pytest.fail("loaded despite refusal"))
     pipe = checked_pipeline("fixture", "fp32")
     with pytest.raises(HarnessError, match="not enough memory: fixture .* through lower"):
         pipe.pte_path

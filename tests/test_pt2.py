@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness.errors import HarnessError
-from harness.build.pt2 import load_pt2, save_pt2
+from harness.export.pt2 import load_pt2, save_pt2
 
 pytestmark = pytest.mark.mac
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.errors import HarnessError
-from harness.build.pte import SEAL, SEAL_LEN, check_seal, seal
+from harness.export.pte import SEAL, SEAL_LEN, check_seal, seal
 from harness.runtimes.executorch import PteRuntime
 
 pytestmark = pytest.mark.mac
@@ -50,7 +50,7 @@ def test_a_program_streamed_to_disk_is_the_bytes_sealed(pipeline, tmp_path):
     """write_pte streams a program manager piece by piece (its joined ``buffer`` is one more copy
     of the whole program, 4 GB at E2B size), hashing as it writes: the file must be exactly the
     sealed bytes, and a copy of a sealed .pte must be the same file, with or without its seal."""
-    from harness.build.pte import write_pte
+    from harness.export.pte import write_pte
 
     data = pipeline("fp32").pte_path.read_bytes()
     body = data[:-SEAL_LEN]

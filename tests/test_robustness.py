@@ -65,7 +65,7 @@ FUZZ_CHILD = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     from harness.errors import HarnessError
-    from harness.build.pte import load_program
+    from harness.export.pte import load_program
     outcomes = []
     for path in sys.argv[1:]:
         try:

@@ -79,7 +79,7 @@ def test_the_preflight_estimates_every_stage_within_its_tolerance(stages):
 def test_fp32_is_refused_before_loading_in_one_line():
     """FP32 at this size needs its 18.5 GB of weights several times over through lowering: the
     pre-flight refuses it on a 16 GB laptop with its one line, before anything is read."""
-    from harness.build.preflight import check
+    from harness.export.preflight import check
     from harness.models.size import model_size
 
     with pytest.raises(HarnessError) as e:

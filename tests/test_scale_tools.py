@@ -46,7 +46,7 @@ def test_an_unknown_gguf_kind_or_source_is_refused_in_one_line(kind, source, mat
 def test_the_streamed_preflight_counts_the_quantized_model_not_fp32():
     """Streamed, E2B's 8da4w-fast build fits where the whole FP32 load cannot: the estimate is a
     multiple of the quantized bytes, and fp32 (nothing to stream) keeps the FP32 estimate."""
-    from harness.build.preflight import estimate
+    from harness.export.preflight import estimate
     from harness.models.size import ModelSize
 
     e2b = ModelSize("e2b", 4_628_569_344, 1_877_000_000, 2_348_810_240, "the E2B shape")
@@ -63,7 +63,7 @@ def test_the_streamed_preflight_reproduces_every_e2b_measurement_it_was_fitted_t
     GB estimated, 22% under); without that term the same check fails. Likewise 8da4w-fast since it
     stores the tied table once (its lowering peak fell 1.96 GB): without STREAMED_SHARED_TABLE the
     estimate is 11.8% over."""
-    from harness.build import preflight
+    from harness.export import preflight
     from harness.models.size import size_from_config
     from harness.tolerances import tolerance
     from harness.training.synthetic import text_config

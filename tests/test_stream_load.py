@@ -1,4 +1,4 @@
-"""The streaming load (harness/build/stream.py): a checkpoint read module by module and quantized as
+"""The streaming load (harness/export/stream.py): a checkpoint read module by module and quantized as
 it is read, so that E2B never exists in FP32. It must give exactly the model that loading it whole
 and then quantizing gives, every tensor bit for bit, for every recipe, from both the flat and the
 multimodal snapshot layout; and the per-layer table quantized in blocks of rows must equal it
@@ -54,8 +54,8 @@ def snapshot(tmp_path_factory):
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_streaming_gives_the_whole_load_then_quantize_bit_for_bit(recipe, snapshot):
-    from harness.build.quantize import quantize
-    from harness.build.stream import load_quantized
+    from harness.export.quantize import quantize
+    from harness.export.stream import load_quantized
 
     want, summary = quantize(load_fixture().model, get_recipe(recipe))
     for where in (FIXTURE_DIR, snapshot):
@@ -67,7 +67,7 @@ def test_streaming_gives_the_whole_load_then_quantize_bit_for_bit(recipe, snapsh
 
 def test_the_check_fails_on_a_model_that_differs_by_one_weight():
     """The comparison above can fail: one INT4 code changed in one linear is found by name."""
-    from harness.build.quantize import quantize
+    from harness.export.quantize import quantize
 
     a, _ = quantize(load_fixture().model, get_recipe("8da4w"))
     b, _ = quantize(load_fixture().model, get_recipe("8da4w"))
@@ -81,7 +81,7 @@ def test_a_row_block_that_splits_unevenly_joins_to_the_whole_table():
     its scales misaligned."""
     import torch
 
-    from harness.build.stream import Checkpoint, _quantize_rows
+    from harness.export.stream import Checkpoint, _quantize_rows
     from torchao.quantization import IntxWeightOnlyConfig, quantize_
     from torchao.quantization.granularity import PerAxis
 
@@ -99,7 +99,7 @@ def test_a_row_block_that_splits_unevenly_joins_to_the_whole_table():
 def test_a_checkpoint_missing_a_tensor_is_refused_in_one_line(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from harness.build.stream import load_quantized
+    from harness.export.stream import load_quantized
 
     out = tmp_path / "short"
     out.mkdir()
@@ -116,7 +116,7 @@ def test_a_big_checkpoint_streams_by_default_and_then_holds_no_fp32_model(monkey
     """The pipeline streams a quantizing recipe on a checkpoint directory past STREAM_ABOVE_BYTES
     (here lowered to 0), says the same tokens eagerly as the whole load, and refuses the FP32 stages
     in one line instead of running the quantized model under their name."""
-    from harness.build import pipeline as build_pipeline
+    from harness.export import pipeline as build_pipeline
     from harness.pipeline import Pipeline
 
     whole = Pipeline("fixture", "8da4w")
@@ -151,7 +151,7 @@ def test_eager_lookups_gather_rows_before_dequantizing_bit_for_bit(recipe):
     the gathering path (the regression: an API change sending them back to 9.4 GB per call)."""
     import torch
 
-    from harness.build.quantize import quantize
+    from harness.export.quantize import quantize
     from harness.runtimes.pytorch import gathered_embeddings
 
     model, _ = quantize(load_fixture().model, get_recipe(recipe))

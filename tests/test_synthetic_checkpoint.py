@@ -263,7 +263,7 @@ def test_the_preflight_refuses_fp32_at_e2b_size_in_one_line(tmp_path):
     """fp32 at E2B's size needs about 18.5 GB of weights before any stage copies them: on a 16 GB
     laptop (and on this 24 GB host) the pre-flight refuses before loading, in one line, from the
     shape alone (config only: nothing is allocated)."""
-    from harness.build.preflight import check, model_size
+    from harness.export.preflight import check, model_size
     from harness.training.synthetic import E2B_TEXT_PARAMETERS, text_config
 
     spec = tmp_path / "e2b-text.json"

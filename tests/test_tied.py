@@ -1,4 +1,4 @@
-"""The tied token table stored once (harness/build/fast/tied.py): one INT4 copy for the lookup
+"""The tied token table stored once (harness/export/fast/tied.py): one INT4 copy for the lookup
 (ExecuTorch's ``embedding_4bit``) and for ``lm_head`` (``harness::q4_linear``, our own kernel:
 harness/runtimes/cpp/tied_kernels.cpp). Its eager definition must be torchao's 8da4w ``lm_head``
 bit for bit, and the kernel must compute it on every path this CPU has."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from harness.bench.tied import Head, load_program, quantized_head
-from harness.build.fast.tied import pack, row_sums
+from harness.export.fast.tied import pack, row_sums
 from harness.oplib import define_harness_ops, dequantize, unpack
 from harness.tolerances import observe, tolerance
 

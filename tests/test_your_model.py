@@ -375,7 +375,7 @@ def model_bundle(recorded, checkpoint, tmp_path_factory) -> Path:
 
 def test_the_model_bundle_holds_its_pte_as_a_hard_link_into_the_cache(model_bundle, recorded, checkpoint):
     from harness.bench.bundle import read_manifest
-    from harness.build.preflight import checked_pipeline
+    from harness.export.preflight import checked_pipeline
     from harness.program import ExportSettings
 
     manifest = read_manifest(model_bundle)
@@ -430,7 +430,7 @@ def test_a_model_bundle_needs_recorded_goldens(checkpoint, tmp_path):
 
 
 def _cached_pte(checkpoint: Path, subject) -> Path:
-    from harness.build.preflight import checked_pipeline
+    from harness.export.preflight import checked_pipeline
     from harness.program import ExportSettings
 
     return checked_pipeline(str(checkpoint), RECIPE, ExportSettings(max_context=subject.max_context)).pte_path

@@ -1,4 +1,4 @@
-"""Lowering time with and without harness/build/lean.py, in one process, rounds alternating (these
+"""Lowering time with and without harness/export/lean.py, in one process, rounds alternating (these
 machines are noisy: a ratio from one run, never a timed assert), and whether the programs are the
 same bytes:
 
@@ -18,12 +18,12 @@ import time
 
 
 def compare(model: str = "fixture", recipe: str = "8da4w-fast", rounds: int = 1, lower=None) -> dict:
-    from harness.build.pipeline import BuildPipeline
+    from harness.export.pipeline import BuildPipeline
     from harness.cache import ArtifactCache
     from harness.program import runner_metadata
 
     if lower is None:
-        from harness.build.lower import lower
+        from harness.export.lower import lower
     with tempfile.TemporaryDirectory(prefix="harness-lowering-") as cache_dir:
         pipe = BuildPipeline(model, recipe, cache=ArtifactCache(cache_dir))
         seconds: dict[str, list[float]] = {"plain": [], "lean": []}

@@ -49,7 +49,7 @@ def model_section(subject, recipe: str) -> dict:
 
 def build_model_bundle(out: Path, model: str, recipe: str = "8da4w-fast", arch: str = "aarch64",
                        progress=print) -> Path:
-    from harness.build.preflight import checked_pipeline
+    from harness.export.preflight import checked_pipeline
     from harness.goldens.subject import recorded_subject_problem, subject_for
     from harness.program import ExportSettings, eos_ids
     from harness.runtimes.arm import ARCHES

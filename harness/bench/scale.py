@@ -83,7 +83,7 @@ class PeakTracer:
 
 
 def run_stages(directory: str, recipe: str, max_context: int = 1024, progress=print) -> dict:
-    from harness.build import preflight
+    from harness.export import preflight
     from harness.models.size import model_size
     from harness.pipeline import Pipeline
     from harness.program import ExportSettings
@@ -108,7 +108,7 @@ def run_stages(directory: str, recipe: str, max_context: int = 1024, progress=pr
 
 
 def _stage(pipe, out, size, recipe, stage, attr, est_stage, progress, windows) -> None:
-    from harness.build import preflight
+    from harness.export import preflight
 
     t0 = time.time()
     value = getattr(pipe, attr)
@@ -118,7 +118,7 @@ def _stage(pipe, out, size, recipe, stage, attr, est_stage, progress, windows) -
         row["artifact_bytes"] = value.stat().st_size
         row["artifact"] = str(value)
     else:
-        from harness.build.pipeline import param_bytes
+        from harness.export.pipeline import param_bytes
 
         row["model_bytes"] = param_bytes(value)
     out["stages"][stage] = row
@@ -314,7 +314,7 @@ def _main(argv: list[str]) -> int:
         print(json.dumps(res))
         return 0
     if len(argv) >= 4 and argv[0] == "speed":
-        from harness.build.stream import text_config
+        from harness.export.stream import text_config
 
         res = speed(argv[1], argv[2], text_config(argv[3]), progress=lambda m: print(m, file=sys.stderr, flush=True))
         print(json.dumps(res))

@@ -1,4 +1,4 @@
-"""``lm_head`` on the shared INT4 token table (``harness::q4_linear``, harness/build/fast/tied.py)
+"""``lm_head`` on the shared INT4 token table (``harness::q4_linear``, harness/export/fast/tied.py)
 against XNNPACK's own packed copy (what ``8da4w-fast`` used before), alone, in one process, the
 passes alternating:
 
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from harness.build.fast.tied import pack, row_sums
+from harness.export.fast.tied import pack, row_sums
 from harness.oplib import define_harness_ops
 
 _BUFFERS: list = []  # a program loaded from a buffer reads it in place: it must outlive the program

@@ -39,11 +39,11 @@ def cmd_demo(args) -> int:
     """The main job: load → quantize → export → lower → .pte → generate → verify, on the fixture."""
     from harness.atomic import check_writable
     from harness.program import ExportSettings
-    from harness.build.pipeline import StageRecord
-    from harness.build.pte import write_pte
+    from harness.export.pipeline import StageRecord
+    from harness.export.pte import write_pte
 
     from harness.cli.guard import check_prompt
-    from harness.build.preflight import checked_pipeline
+    from harness.export.preflight import checked_pipeline
 
     check_prompt(args.prompt)
     if args.out:
@@ -89,7 +89,7 @@ def cmd_demo(args) -> int:
 def cmd_export(args) -> int:
     from harness.atomic import check_writable
     from harness.program import ExportSettings
-    from harness.build.pte import write_pte
+    from harness.export.pte import write_pte
     from harness.recipes import get_recipe
 
     out = Path(args.out)
@@ -99,7 +99,7 @@ def cmd_export(args) -> int:
     if out.is_dir():
         raise HarnessError(f"--out {out} is a directory", "name the output FILE.pte")
     get_recipe(args.recipe)
-    from harness.build.preflight import checked_pipeline, disk_estimate, model_size
+    from harness.export.preflight import checked_pipeline, disk_estimate, model_size
 
     pipe = checked_pipeline(args.model, args.recipe, ExportSettings(max_context=args.max_context),
                             progress=_progress, skip=args.skip_memory_check)
@@ -167,7 +167,7 @@ def cmd_doctor(args) -> int:
     print(f"{'torchvision':13s} {'present' if tv else 'absent'} (Gemma 4's processor needs it for images; "
           "the text path here does not)")
     from harness.cache import cache_root
-    from harness.build.preflight import disk_estimate, estimate, gib, model_size
+    from harness.export.preflight import disk_estimate, estimate, gib, model_size
 
     mem = psutil.virtual_memory()
     cache_dir = cache_root()

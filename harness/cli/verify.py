@@ -21,7 +21,7 @@ def cmd_verify(args) -> int:
     from harness.runtimes.executorch import PteRuntime
 
     from harness.goldens.provenance import stack_note
-    from harness.build.preflight import checked_pipeline
+    from harness.export.preflight import checked_pipeline
 
     from harness.cli.guard import check_pte_path
 

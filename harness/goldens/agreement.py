@@ -129,7 +129,7 @@ def _compare_one(agreement: Agreement, prompt: str, gen, model, hf_model, runner
     hf_prompt = gen.prefill_logits
     if hf_prompt is None:
         if hf_model is None:
-            from harness.build.pipeline import shared_model
+            from harness.export.pipeline import shared_model
 
             hf_model = shared_model(str(model)).model
         hf_prompt = transformers_prompt_logits(hf_model, ids)

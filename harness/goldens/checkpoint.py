@@ -2,7 +2,7 @@
 
 1. the reference: transformers' ``generate`` on the checkpoint in its own dtype (bf16 for Gemma 4;
    FP32 at E2B is 18.5 GB of weights alone). Freed before anything else is loaded.
-2. for each recipe, streamed at E2B size (harness/build/stream.py): ``eager`` (the quantized model
+2. for each recipe, streamed at E2B size (harness/export/stream.py): ``eager`` (the quantized model
    through the export wrapper) for every prompt; torchao's codes and scales; the ``.pt2`` built (or
    taken from the cache), the in-memory model released; ``exported`` (the reloaded ``.pt2``) for
    every prompt; the program dropped; the ``.pte`` lowered (or cached) and run through ExecuTorch's
@@ -50,10 +50,10 @@ class _Stage:
 
 def reference_memory_check(subject: Subject, skip: bool = False) -> None:
     """The reference holds the whole checkpoint in its own dtype: refuse in one line where it
-    cannot fit (the pre-flight for the recipes is harness/build/preflight.py's)."""
+    cannot fit (the pre-flight for the recipes is harness/export/preflight.py's)."""
     import psutil
 
-    from harness.build.preflight import skip_requested
+    from harness.export.preflight import skip_requested
     from harness.models.size import model_size
 
     if skip_requested(skip):
@@ -80,7 +80,7 @@ def native_runs(pte_path, recipe: str, prompt_ids: dict, eos) -> dict:
 
 
 def compute_checkpoint(subject: Subject, progress=print, skip_memory_check: bool = False):
-    from harness.build.preflight import checked_pipeline
+    from harness.export.preflight import checked_pipeline
     from harness.goldens.provenance import current_provenance
     from harness.goldens.write import Computed
     from harness.models.load import checkpoint_dtype, load_directory

@@ -196,20 +196,25 @@ def quality(reference_logits, logits) -> dict:
 
 
 # ---- the checks the golden tests run (and the teeth tests inject regressions into) -----------
-def provenance_first(message: str, model: str = "fixture") -> str:
-    """A failing golden names the stack's differences first (when there are any)."""
+def provenance_first(message: str, model: str = "fixture", localize=None) -> str:
+    """A failing golden names the stack's differences first (when there are any), then, where
+    ``localize()`` gives one, the localization line (the first component that moved), then itself."""
     note = stack_note(model=model)
+    line = localize() if localize is not None else None
+    message = f"Localized: {line}. {message}" if line else message
     return f"{note[0].upper()}{note[1:]}. {message}" if note else message
 
 
-def check_token_golden(recipe: str, stage: str, prompt: str, gen, tokenizer, runs: dict | None = None) -> str | None:
-    """None when ``gen`` says what the golden says; else the localized divergence."""
+def check_token_golden(recipe: str, stage: str, prompt: str, gen, tokenizer, runs: dict | None = None,
+                       localize=None) -> str | None:
+    """None when ``gen`` says what the golden says; else the localized divergence (``localize``: the
+    activation goldens' line, harness/goldens/activations.py)."""
     want = golden_ids(recipe, stage, prompt)
     report = check_tokens(want, gen, tokenizer, f"{recipe}:{stage}")
     if report is None:
         return None
     where = f" Localized: {explain(recipe, stage, runs, tokenizer)}" if runs else ""
-    return provenance_first(f"{recipe}:{stage} changed its answer to {prompt!r}: {report}.{where}")
+    return provenance_first(f"{recipe}:{stage} changed its answer to {prompt!r}: {report}.{where}", localize=localize)
 
 
 def logit_golden_diff(recipe: str, stage: str, prompt: str, gen, held_as: str | None = None, model: str = "fixture"):
@@ -230,7 +235,7 @@ def logit_golden_diff(recipe: str, stage: str, prompt: str, gen, held_as: str | 
 
 
 def check_logit_golden(recipe: str, stage: str, prompt: str, gen, held_as: str | None = None,
-                       model: str = "fixture") -> str | None:
+                       model: str = "fixture", localize=None) -> str | None:
     """None when every log-prob of every position the run shares with the golden (up to the first
     token change) and the logits' bias are within ``logit_golden/RECIPE``; else which, where and
     by how much."""
@@ -238,7 +243,7 @@ def check_logit_golden(recipe: str, stage: str, prompt: str, gen, held_as: str |
     if diff.within(tol):
         return None
     label = f"{held_as}:{stage} (held to {recipe}'s golden)" if held_as else f"{recipe}:{stage}"
-    return provenance_first(f"{label} logits for {prompt!r} moved: {diff.describe(tol)}", model)
+    return provenance_first(f"{label} logits for {prompt!r} moved: {diff.describe(tol)}", model, localize)
 
 
 def check_prompt_golden(prompt: str, tokenizer) -> str | None:

@@ -16,10 +16,10 @@ appends the reason, what was blocked, the date and both stacks to ``provenance.j
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.goldens.change import Assessment, Change
 from harness.goldens.checks import _tok, is_near_tie, logit_golden_diff, first_divergence, margin_at, quality, check_quantize_golden, check_quality_golden
 from harness.goldens.provenance import current_provenance, provenance_diff, recorded_provenance, stack_keys
 from harness.goldens.store import GOLDEN_PROMPTS, MAX_NEW_TOKENS, UPDATE_COMMAND, goldens_dir, logit_golden_path, prompt_golden_path, prompt_record, quality_golden_path, quantize_golden_path, quantize_record, read_json_golden, token_golden_path
@@ -91,12 +91,18 @@ def compute(run=None, pipeline=None, progress=print, with_quality: bool = True, 
             runs[(recipe, stage, prompt)] = run(recipe, stage, prompt)
     prompts = {p: prompt_record(p, tok) for p in GOLDEN_PROMPTS}
     quantized = {r: quantize_record(pipeline(r).quantized) for r in QUANTIZED}
+    from harness.goldens.activations import ACTIVATION_RECIPES, activation_goldens
+
+    acts, localized = activation_goldens(
+        lambda r: pipeline(r).quantized, {p: prompts[p]["ids"] for p in GOLDEN_PROMPTS},
+        {(r, p): runs[(r, "eager", p)].ids for r in ACTIVATION_RECIPES for p in GOLDEN_PROMPTS})
     qual = {}
     if with_quality:
         for recipe in QUANTIZED:
             progress(f"quantization quality of {recipe} (.pte against fp32, teacher-forced) ...")
             qual[recipe] = quality_record(_stateless(pipeline("fp32")), pipeline(recipe).pte_step())
-    return Computed(runs, prompts, qual, quantized, tok, current_provenance(), subject)
+    return Computed(runs, prompts, qual, quantized, tok, current_provenance(), subject,
+                    activations=acts, localized=localized)
 
 
 def _stateless(fp32_pipeline):
@@ -106,32 +112,6 @@ def _stateless(fp32_pipeline):
 
 
 # ---- what changed -----------------------------------------------------------------------------
-@dataclass
-class Change:
-    kind: str  # tokens, logits, prompt, quality, llamacpp, format, new, stale
-    where: str  # prompt / recipe / stage, for people
-    detail: str
-    acceptable: bool
-    why: str = ""
-
-    def line(self) -> str:
-        verdict = "numerics (acceptable)" if self.acceptable else f"BLOCKS the refresh: {self.why}"
-        return f"- [{self.kind}] {self.where}: {self.detail} -> {verdict}"
-
-
-@dataclass
-class Assessment:
-    changes: list[Change] = field(default_factory=list)
-    recorded: dict = field(default_factory=dict)
-    now: dict = field(default_factory=dict)
-    # "recipe:stage" -> {"prompts", "ids_changed", "max_logprob"}: how far each stage moved (the matrix's columns)
-    moves: dict = field(default_factory=dict)
-
-    @property
-    def blockers(self) -> list[Change]:
-        return [c for c in self.changes if not c.acceptable]
-
-
 def _old(path: Path):
     return read_json_golden(path) if path.is_file() else None
 
@@ -160,6 +140,7 @@ def assess(c: Computed, llamacpp: bool = True) -> Assessment:
         new_ids = {(r, s): c.runs[(r, s, prompt)].ids for r, s in nodes}
         for recipe in subject.chain_recipes():
             out.changes += _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok, out.moves)
+    out.changes += _activation_changes(c)
     for recipe, record in c.quantized.items():
         out.changes += _quantize_changes(recipe, record, key)
     for recipe, record in c.quality.items():
@@ -231,6 +212,27 @@ def _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok, moves=No
         changes.append(Change("logits", f"{prompt!r} {recipe}", text, False,
                               f"beyond {multiple:g}x the golden's tolerance"))
     return changes
+
+
+def _activation_changes(c: Computed) -> list[Change]:
+    """A component beyond its tolerance is numerics (the tokens and logits judge behaviour): it is
+    named, first in forward order, by the localization line (``localization_lines``)."""
+    out = []
+    for (recipe, prompt) in c.activations:
+        if (recipe, prompt) not in c.localized:
+            out.append(Change("new", f"{prompt!r} {recipe}:eager activations", "no activation golden yet", True))
+        elif c.localized[(recipe, prompt)][1]:
+            out.append(Change("activations", f"{prompt!r} {recipe}:eager", c.localized[(recipe, prompt)][0], True))
+    return out
+
+
+def localization_lines(c: Computed) -> list[str]:
+    """Per recipe, one line: the prompt whose first moved component comes earliest in forward order
+    (or, where nothing moved, that every component is within bounds)."""
+    by_recipe: dict[str, list] = {}
+    for (recipe, _prompt), (line, _moved, rank) in c.localized.items():
+        by_recipe.setdefault(recipe, []).append((rank, line))
+    return [min(rows)[1] for rows in by_recipe.values()]
 
 
 def _quality_changes(recipe: str, record: dict, key: str = "fixture") -> list[Change]:
@@ -363,6 +365,8 @@ def _diff(computed, say, progress, subject, recipes):
     a = assess(c)
     print_provenance(a, say, subject.key)
     print_stage_stats(c, say)
+    for line in localization_lines(c):
+        say(f"localized: {line}")
     real = a.changes
     update = UPDATE_COMMAND + ("" if subject.is_fixture else f" --model {subject.spec} --goldens {goldens_dir()}")
     if not real:

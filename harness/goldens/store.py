@@ -86,6 +86,10 @@ def logit_golden_path(recipe: str, stage: str, prompt: str, model: str = "fixtur
     return goldens_dir() / "logits" / model / recipe / stage / f"{slug(prompt)}.json"
 
 
+def activation_golden_path(recipe: str, prompt: str, model: str = "fixture") -> Path:
+    return goldens_dir() / "activations" / model / recipe / f"{slug(prompt)}.json"
+
+
 def prompt_golden_path(prompt: str, model: str = "fixture") -> Path:
     return goldens_dir() / "prompts" / model / f"{slug(prompt)}.json"
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.goldens.store import encode_json, goldens_dir, logit_golden_path, logit_record, prompt_golden_path, provenance_path, quality_golden_path, quantize_golden_path, token_golden_path, token_record
+from harness.goldens.store import activation_golden_path, encode_json, goldens_dir, logit_golden_path, logit_record, prompt_golden_path, provenance_path, quality_golden_path, quantize_golden_path, token_golden_path, token_record
 from harness.goldens.subject import Subject, fixture_subject
 
 
@@ -24,6 +24,10 @@ class Computed:
     provenance: dict
     subject: Subject = field(default_factory=fixture_subject)
     stage_stats: dict = field(default_factory=dict)  # "recipe:stage" -> seconds and peak RSS
+    activations: dict = field(default_factory=dict)  # (recipe, prompt) -> activation record (harness/goldens/activations.py)
+    # (recipe, prompt) -> (the localization line against the recorded activation golden, whether a component
+    # moved, the first mover's index in forward order)
+    localized: dict = field(default_factory=dict)
 
     def files(self) -> dict[Path, object]:
         """Every golden file of this subject (path -> JSON data) but its provenance."""
@@ -39,10 +43,12 @@ class Computed:
             out[quality_golden_path(recipe, key)] = record
         for recipe, record in self.quantized.items():
             out[quantize_golden_path(recipe, key)] = record
+        for (recipe, prompt), record in self.activations.items():
+            out[activation_golden_path(recipe, prompt, key)] = record
         return out
 
 
-SUBTREES = ("tokens", "logits", "prompts", "quality", "quantize")
+SUBTREES = ("tokens", "logits", "prompts", "quality", "quantize", "activations")
 
 
 def subject_files(root: Path, key: str) -> list[Path]:

@@ -1,7 +1,7 @@
 """What a model is made of, without loading it: parameter counts by kind (all, linear weights, the
 per-layer embedding table), from a checkpoint's safetensors headers (no weight is read, and a cut
 or damaged shard is named here) or from a config built on PyTorch's meta device. The memory
-pre-flight (harness/build/preflight.py) and the disk estimate start from these counts.
+pre-flight (harness/export/preflight.py) and the disk estimate start from these counts.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from harness.build.pte import load_program
+from harness.export.pte import load_program
 from harness.errors import HarnessError
 from harness.runtimes.base import Runtime, register
 from harness.runtimes.pytorch import as_long

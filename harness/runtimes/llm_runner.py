@@ -70,7 +70,7 @@ class TextLLMRuntime(Runtime):
         load_custom_ops()  # llama::custom_sdpa / update_cache kernels of fast-recipe programs
         from executorch.extension.llm.runner import TextLLMRunner
 
-        from harness.build.pte import check_header
+        from harness.export.pte import check_header
 
         if tokenizer_json is None:
             raise HarnessError("the llm-runner runtime needs the model's tokenizer.json",

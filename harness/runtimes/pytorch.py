@@ -69,7 +69,7 @@ class EagerRuntime(Runtime):
     kind = "eager"
 
     def __init__(self, artifact, threads: int | None = None, settings=None, export: str = "hf"):
-        from harness.build.export import make_wrapper
+        from harness.export.torch_export import make_wrapper
         from harness.program import ExportSettings
 
         _set_threads(threads)
@@ -107,7 +107,7 @@ class ExportedRuntime(Runtime):
         t0 = time.perf_counter()
         program = artifact
         if not hasattr(artifact, "module"):
-            from harness.build.pt2 import load_pt2
+            from harness.export.pt2 import load_pt2
             from harness.oplib import load_custom_ops_for_export
 
             load_custom_ops_for_export()

@@ -78,10 +78,10 @@ def lower(ep, recipe: Recipe, constant_methods: dict | None = None, drop_weights
     """Return (ExecutorchProgramManager, LowerReport). ``ep`` may come in a one-element list, which
     is emptied once the edge program exists, so that the caller's reference does not keep the
     delegated weights alive through emission (``drop_delegated_weights``). ``lean``: trace under
-    harness/build/lean.py (the same program, 14-30% faster)."""
+    harness/export/lean.py (the same program, 14-30% faster)."""
     from contextlib import nullcontext
 
-    from harness.build.lean import lean_tracing
+    from harness.export.lean import lean_tracing
 
     with lean_tracing() if lean else nullcontext():
         return _lower(ep, recipe, constant_methods, drop_weights)

@@ -89,7 +89,7 @@ def tied_table(model) -> TiedTable | None:
         return None
     if not (torch.equal(table[0], head[0]) and torch.equal(table[1], head[1])):
         raise HarnessError("the tied token table and lm_head were quantized to different INT4 data",
-                           "quantize both with the same group size (harness/build/quantize.py)")
+                           "quantize both with the same group size (harness/export/quantize.py)")
     embed_scale = getattr(emb, "embed_scale", 1.0)
     embed_scale = float(embed_scale.to(torch.float32)) if torch.is_tensor(embed_scale) else float(embed_scale)
     return TiedTable(head[0], head[1], embed_scale)

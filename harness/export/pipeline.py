@@ -56,7 +56,7 @@ class BuildPipeline:
 
     @cached_property
     def streamed(self) -> bool:
-        """Whether the checkpoint is read and quantized module by module (harness/build/stream.py)
+        """Whether the checkpoint is read and quantized module by module (harness/export/stream.py)
         instead of loaded whole in FP32 and then quantized: asked for, or by default for a quantizing
         recipe on a checkpoint directory whose FP32 weights exceed ``STREAM_ABOVE_BYTES``. The model
         is the same bit for bit; only the FP32 model is never held (no FP32 stages then)."""
@@ -81,7 +81,7 @@ class BuildPipeline:
         return loaded
 
     def _stream_load(self) -> LoadedModel:
-        from harness.build.stream import load_quantized
+        from harness.export.stream import load_quantized
         from harness.models.load import load_directory_meta
 
         t0 = time.time()
@@ -104,7 +104,7 @@ class BuildPipeline:
     @cached_property
     def quantized(self):
         """The recipe applied to a copy of the FP32 model (the FP32 model itself for ``fp32``)."""
-        from harness.build.quantize import quantize
+        from harness.export.quantize import quantize
 
         if self.streamed:
             return self.loaded.model
@@ -134,8 +134,8 @@ class BuildPipeline:
 
     @cached_property
     def pt2_path(self) -> Path:
-        from harness.build.export import export_program
-        from harness.build.pt2 import save_pt2
+        from harness.export.torch_export import export_program
+        from harness.export.pt2 import save_pt2
 
         def build(path: Path):
             self.progress(f"exporting {self.loaded.name} [{self.recipe.name}] with torch.export ...")
@@ -149,7 +149,7 @@ class BuildPipeline:
     @cached_property
     def exported(self):
         """The ExportedProgram, as reloaded from the verified ``.pt2`` (what users ship)."""
-        from harness.build.pt2 import load_pt2
+        from harness.export.pt2 import load_pt2
 
         if self.recipe.export == "fast":  # the program calls llama:: ops: register them first
             from harness.oplib import load_custom_ops_for_export
@@ -159,8 +159,8 @@ class BuildPipeline:
 
     @cached_property
     def pte_path(self) -> Path:
-        from harness.build.lower import lower
-        from harness.build.pte import write_pte
+        from harness.export.lower import lower
+        from harness.export.pte import write_pte
 
         def build(path: Path):
             self.progress(f"lowering {self.loaded.name} [{self.recipe.name}] to XNNPACK (minutes) ...")

@@ -7,7 +7,7 @@ deployment log's "Constant ... lifted_tensor_0 is mutated" lowering failure) and
 layers a full-length cache, so generation past the sliding window is exact. The attention mask is
 built inside the program from the cache position: at a decode step at position p it admits exactly
 p + 1 slots (full layers) or min(p + 1, window) slots (sliding layers), so no caller can pass the
-log's 1-element mask. The ``fast`` path is harness/build/fast (ExecuTorch's custom ops), with the
+log's 1-element mask. The ``fast`` path is harness/export/fast (ExecuTorch's custom ops), with the
 same signature.
 
 ``strict=True``: with ``strict=False`` torch 2.13 exports, but ``run_decompositions`` (called by
@@ -26,7 +26,7 @@ def make_wrapper(model, settings: ExportSettings, export: str = "hf"):
     """The eager module that gets exported: same forward, same cache, runnable eagerly. ``export``
     is the recipe's export path (``Recipe.export``)."""
     if export == "fast":
-        from harness.build.fast.decoder import make_fast_wrapper
+        from harness.export.fast.decoder import make_fast_wrapper
 
         return make_fast_wrapper(model, settings.max_context)
     if export != "hf":

@@ -11,7 +11,7 @@ meta device for ``bench`` and ``FILE.json``), and the recipe and stage:
 ``BASE_MIB`` is what the process holds whatever the model (Python, torch, transformers, torchao,
 ExecuTorch and the lowering passes' own structures); ``PER_BYTE`` counts the model-sized copies
 alive at the stage's peak. Both are calibrated against measured peak RSS (VmHWM of a fresh
-process running the stages with an empty artifact cache, ``python -m harness.build.preflight
+process running the stages with an empty artifact cache, ``python -m harness.export.preflight
 measure``) on the fixture and the benchmark model; the figures are in ``CALIBRATION``, and
 ``tests/test_preflight.py`` holds the estimate within 25% of a fresh measurement. The counts come
 from harness/models/size.py.
@@ -58,7 +58,7 @@ PER_BYTE = {
     "8da4w": {"load": 1.0, "quantize": 2.4, "export": 2.5, "lower": 3.25},
 }
 
-# Streamed (harness/build/stream.py), each stage's own peak: BASE + PER_BYTE x the quantized model's
+# Streamed (harness/export/stream.py), each stage's own peak: BASE + PER_BYTE x the quantized model's
 # bytes (ModelSize.quantized_bytes, which counts the token table in FP32, as it is held while its
 # two quantized uses are made). The fixture's streamed peaks fix the bases, the E2B-shaped
 # checkpoint's the slopes (SCALE_CALIBRATION, ``python -m harness.bench.scale stages DIR RECIPE``):
@@ -76,7 +76,7 @@ STREAMED_PER_BYTE = {"quantize": 1.87, "export": 2.29, "lower": 2.49}
 # linear nor the per-layer table (the token table and the norms), fitted to SCALE_CALIBRATION.
 STREAMED_FP32_TABLE = {"quantize": 0.0, "export": 1.25, "lower": 2.78}
 # A recipe that stores the tied token table once (8da4w-fast: ``embedding`` "int4", exported through
-# harness/build/fast/, lm_head reading the table through harness::q4_linear) gives XNNPACK no
+# harness/export/fast/, lm_head reading the table through harness::q4_linear) gives XNNPACK no
 # lm_head to pack: at E2B size its lowering peak fell from 16.28 to 14.32 GB (host B, the same day,
 # both lean). Less peak = STREAMED_SHARED_TABLE x the same FP32 bytes, fitted to SCALE_CALIBRATION.
 STREAMED_SHARED_TABLE = {"quantize": 0.0, "export": 0.0, "lower": 1.05}
@@ -90,7 +90,7 @@ SCALE_CALIBRATION = {
 }
 
 # Measured peak RSS in MB (10^6 bytes) of a fresh process through each stage, empty artifact cache
-# (``python -m harness.build.preflight measure SPEC RECIPE``; VmHWM), on this project's machine:
+# (``python -m harness.export.preflight measure SPEC RECIPE``; VmHWM), on this project's machine:
 # x86_64, 2 cores, torch 2.13.0, executorch 1.5.1, torchao 0.18.0, transformers 5.24.0.
 # FP32 bytes: the fixture 5.98 MB (1,495,360 parameters), the benchmark model 282.2 MB (70,549,632).
 CALIBRATION = {
@@ -125,7 +125,7 @@ def _recipe(recipe) -> Recipe:
 def estimate(size: ModelSize, recipe, stage: str = "lower", streamed: bool = False) -> Estimate:
     """Peak RSS of a fresh process through ``stage`` (cumulative: load, quantize, export, lower);
     ``streamed``: the stage's own peak when the checkpoint is loaded quantized module by module
-    (harness/build/stream.py), a multiple of the quantized model's bytes."""
+    (harness/export/stream.py), a multiple of the quantized model's bytes."""
     r = _recipe(recipe)
     if stage not in STAGES:
         raise ValueError(f"stage {stage!r} not in {STAGES}")
@@ -271,7 +271,7 @@ def measure_in_subprocess(spec: str, recipe: str, until: str = "lower", timeout:
     with tempfile.TemporaryDirectory(prefix="harness-measure-") as cache_dir:
         env = {**os.environ, "HARNESS_CACHE_DIR": cache_dir, "PYTHONWARNINGS": "ignore"}
         env.pop("HARNESS_NO_CACHE", None)
-        res = subprocess.run([sys.executable, "-m", "harness.build.preflight", "measure", spec, recipe, until],
+        res = subprocess.run([sys.executable, "-m", "harness.export.preflight", "measure", spec, recipe, until],
                              capture_output=True, text=True, env=env, timeout=timeout)
     if res.returncode != 0:
         raise RuntimeError(f"measurement failed (exit {res.returncode}): {res.stderr[-2000:]}")
@@ -288,7 +288,7 @@ def _main(argv: list[str]) -> int:
             print(json.dumps({"model": size.name, "params": size.params, "recipe": recipe,
                               **{s: estimate(size, recipe, s).peak_bytes for s in STAGES}}))
         return 0
-    print("usage: python -m harness.build.preflight measure SPEC RECIPE [STAGE] | estimate [SPEC] [RECIPE...]",
+    print("usage: python -m harness.export.preflight measure SPEC RECIPE [STAGE] | estimate [SPEC] [RECIPE...]",
           file=sys.stderr)
     return 2
 

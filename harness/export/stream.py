@@ -149,7 +149,7 @@ def load_quantized(directory, recipe: Recipe, progress=None, row_block: int = RO
     from torchao.quantization.granularity import PerGroup
     from transformers import Gemma4ForCausalLM
 
-    from harness.build.quantize import choose_group_size
+    from harness.export.quantize import choose_group_size
     from harness.models.load import check_model_dir
 
     say = progress or (lambda m: None)
@@ -203,7 +203,7 @@ def load_quantized(directory, recipe: Recipe, progress=None, row_block: int = RO
         summary["linear"] = f"8da4w group {group}"
         summary["group_size"] = group
     if recipe.embedding is not None:
-        from harness.build.fast.embedding import quantize_embedding
+        from harness.export.fast.embedding import quantize_embedding
 
         summary.update(quantize_embedding(model, recipe.embedding, group))
     left = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]

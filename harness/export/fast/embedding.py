@@ -17,7 +17,7 @@ def quantize_embedding(model, scheme: str, group_size: int) -> dict:
     ``int8``: per-row INT8 (``embedding_byte`` at run time). ``int4``: symmetric INT4 per group of
     ``group_size`` along the hidden dim, the very scheme ``8da4w`` gives the tied ``lm_head``, so
     the gathered rows equal the dequantized ``lm_head`` rows, and the export wrapper stores the
-    table once for both (harness/build/fast/tied.py: ``embedding_4bit`` for the lookup, the
+    table once for both (harness/export/fast/tied.py: ``embedding_4bit`` for the lookup, the
     harness's own ``q4_linear`` for ``lm_head``)."""
     import torch
     from torchao.quantization import IntxWeightOnlyConfig, quantize_
@@ -30,7 +30,7 @@ def quantize_embedding(model, scheme: str, group_size: int) -> dict:
         config = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group_size))
     else:
         raise HarnessError(f"unknown embedding scheme {scheme!r}", f"use one of {EMBEDDING_SCHEMES}")
-    emb.padding_idx = None  # the quantized lookup asserts it (see harness/build/quantize.py)
+    emb.padding_idx = None  # the quantized lookup asserts it (see harness/export/quantize.py)
     quantize_(model, config, filter_fn=lambda m, fqn: m is emb)
     return {"embedding": f"{scheme}" + (f" group {group_size}" if scheme == "int4" else " per-row")}
 

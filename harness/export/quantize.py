@@ -8,7 +8,7 @@ only, after clearing ``padding_idx`` (the quantized lookup asserts it is None; l
 ``to_executorch`` fails with "Missing out variants: torchao::dequantize_affine", as in the log).
 The main ``embed_tokens`` (tied to ``lm_head``) is left to the recipe's ``embedding`` field: FP32
 for ``8da4w`` (as transformers ties it), INT4 in ``lm_head``'s own groups for ``8da4w-fast``
-(harness/build/fast/embedding.py).
+(harness/export/fast/embedding.py).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def quantize(model, recipe: Recipe, inplace: bool = False):
     elif recipe.linear is not None:
         raise HarnessError(f"recipe {recipe.name}: unknown linear scheme {recipe.linear}", "fix recipes.py")
     if recipe.embedding is not None:  # the token table; INT4 in lm_head's own groups
-        from harness.build.fast.embedding import quantize_embedding
+        from harness.export.fast.embedding import quantize_embedding
 
         group = summary.get("group_size") or choose_group_size(model, recipe)
         summary.update(quantize_embedding(model, recipe.embedding, group))

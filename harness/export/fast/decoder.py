@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.build.fast.embedding import gathered_table
-from harness.build.fast.sharing import kv_sharing_modes
-from harness.build.fast.tied import tied_table
+from harness.export.fast.embedding import gathered_table
+from harness.export.fast.sharing import kv_sharing_modes
+from harness.export.fast.tied import tied_table
 from harness.errors import HarnessError
 from harness.oplib import load_custom_ops_for_export
 
@@ -89,7 +89,7 @@ class FastGemma4(torch.nn.Module):
                 raise HarnessError(f"layer {i} reuses {t} keys but no layer stores them", "check the config")
 
         # the token table and lm_head: one INT4 copy for both when they are tied and quantized
-        # alike (harness/build/fast/tied.py), else each as the model holds it
+        # alike (harness/export/fast/tied.py), else each as the model holds it
         self.tied = tied_table(model)
         if self.tied is None:
             self.embed_tokens = inner.embed_tokens

@@ -1,11 +1,11 @@
 """What the fast program leaves outside XNNPACK, and why: ``{op: (most occurrences, reason)}`` for
-a model config, as harness/build/lower.py's report names the operators. Anything else left to
+a model config, as harness/export/lower.py's report names the operators. Anything else left to
 ExecuTorch's portable or custom kernels, or more of it, is a regression of the fast path
 (tests/test_fast_path.py)."""
 
 from __future__ import annotations
 
-from harness.build.fast.sharing import kv_sharing_modes
+from harness.export.fast.sharing import kv_sharing_modes
 
 _MASK_REASON = ("the sliding-window mask and the ring-buffer indices, computed once per call from "
                 "cache_position: int64 index arithmetic and comparisons, and XNNPACK computes floats only")
@@ -21,7 +21,7 @@ _MASK_OPS = {
 
 
 def portable_op_budget(config, tied: bool = True) -> dict[str, tuple[int, str]]:
-    """``tied``: the token table and ``lm_head`` share one INT4 copy (harness/build/fast/tied.py, the
+    """``tied``: the token table and ``lm_head`` share one INT4 copy (harness/export/fast/tied.py, the
     8da4w-fast recipe); else the table is looked up by its own quantized embedding."""
     n = int(config.num_hidden_layers)
     types = list(config.layer_types)
@@ -51,7 +51,7 @@ def portable_op_budget(config, tied: bool = True) -> dict[str, tuple[int, str]]:
             "layer type (a gather; XNNPACK has none)"),
         "aten.embedding.default": (
             3 * int(ple) + int(not tied), "the per-layer table gathered row first (its INT8 codes, "
-            "zero points and scales, harness/build/fast/embedding.py: torchao's lookup dequantizes the "
+            "zero points and scales, harness/export/fast/embedding.py: torchao's lookup dequantizes the "
             "whole table) and an untied token table's lookup (gathers; XNNPACK has none)"),
         "torchao.dequantize_affine.default": (
             int(not tied), "an untied quantized token table's dequantization, fused with its gather "
