@@ -176,9 +176,9 @@ TOLERANCES: dict[str, Tolerance] = {
         8e-4,
         "each component's move against the fp32 activation goldens (float16 vectors; RMS over positions of "
         "||now - golden|| over the golden's RMS norm, harness/goldens/activations.py), for the localization "
-        "line. Calibrated on the benign moves of tests/test_tolerance_calibration.py (2026-12-07, AMD EPYC "
-        "Zen 4): a 1e-6 nudge of every weight 8.6e-5 (layer 3 MLP), per_layer_input_scale x0.6 3.0e-5, one "
-        "thread 0; the float16 rounding of the golden is most of it. 9.3x. A 1% embedding scale moves the "
+        "line. Calibrated on the benign moves of tests/test_tolerance_calibration.py: "
+        "a 1e-6 nudge of every weight 8.6e-5 (layer 3 MLP), per_layer_input_scale x0.6 3.0e-5, one "
+        "thread 0 (2026-12-07, AMD EPYC family 25 model 1, Zen 3, AVX2, no AVX-512); the float16 rounding of the golden is most of it. 9.3x. A 1% embedding scale moves the "
         "embedding by 1e-2.",
         measured=8.6e-5,
     ),
@@ -187,7 +187,7 @@ TOLERANCES: dict[str, Tolerance] = {
         "the same against the 8da4w activation goldens. Dynamic INT8 activation codes flip under a 1e-6 "
         "nudge of every weight and the flips accumulate with depth: per-layer input 0 moved 0.0066, layer 1 "
         "attention 0.046, layer 5 attention 0.090 (the largest), the logits 0.052; per_layer_input_scale "
-        "x0.6 3.6e-5; one thread 0 (2026-12-07, AMD EPYC Zen 4). 2.8x over 0.090. Localization at 8da4w is "
+        "x0.6 3.6e-5; one thread 0 (2026-12-07, AMD EPYC Zen 3, AVX2). 2.8x over 0.090. Localization at 8da4w is "
         "therefore coarser than at fp32 (a change must move a component by a quarter of its size); "
         "torchao's own codes and scales are compared exactly by the quantize golden.",
         measured=0.090,

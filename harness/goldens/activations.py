@@ -5,10 +5,11 @@ Recorded at the ``fp32`` and ``8da4w`` eager stages, per prompt, by one teacher-
 the transformers model over the prompt and that stage's golden answer, with forward hooks on:
 the token embedding; the per-layer input each decoder layer receives; in each layer its attention
 output, its MLP output and its residual stream (the layer's output); the final norm; the logits
-before the final softcap and after it. Compared in that order (forward order), at every position,
-as a relative L2 move: ``||now - golden||`` at the position over the golden's RMS norm across positions
-(the component's typical size, so a position where it happens to be tiny does not inflate a flip). A per-layer input is compared up to its
-scale: its layer multiplies it into a gated projection that an RMSNorm normalizes, so a uniform
+before the final softcap and after it. Compared in that order (forward order): the move of a
+component is the RMS over positions of ``||now - golden||`` over the RMS over positions of
+``||golden||`` (its typical size, so a position where it happens to be tiny does not turn one INT8
+code flip into a 100% move), and the line names the position where it is largest. A per-layer input
+is compared up to its scale: its layer multiplies it into a gated projection that an RMSNorm normalizes, so a uniform
 scale cancels there (the benign ``per_layer_input_scale`` move, tests/test_tolerance_calibration.py)
 while a shifted layer, or a new mix of its two parts, does not.
 
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 
 FULL_UP_TO = 1024  # a component this wide or narrower (the fixture: all of them) is stored whole (float16); wider ones sketched
 SKETCH_DIM = 64
+SKETCH_BOUND = 0.25  # a move read through the projection keeps its relative size within this fraction (tests/test_localization.py)
 ACTIVATION_RECIPES = ("fp32", "8da4w")
 
 
@@ -72,38 +74,43 @@ def layer_kind(model, i: int) -> str:
     return kind
 
 
-def capture(model, ids: list[int]) -> dict[str, "torch.Tensor"]:
-    """Component name -> float32 [positions, width], from one teacher-forced forward."""
+def capture(model, ids: list[int], keep=None) -> dict[str, "torch.Tensor"]:
+    """Component name -> [positions, width], from one teacher-forced forward; ``keep(component,
+    vectors)`` (default: ``reduce``) is applied inside each hook, so at E2B size no full-width copy
+    of a component outlives its layer."""
     import torch
 
+    comps = {c.name: c for c in components(model)}
+    keep = keep or (lambda c, t: reduce(t, c.scale_free))
     got: dict[str, torch.Tensor] = {}
     handles = []
 
-    def keep(name, pick=lambda out: out):
-        def hook(_module, _inputs, output):
-            got[name] = pick(output).detach()[0].float().clone()
-        return hook
+    def store(name, vectors):
+        got[name] = keep(comps[name], vectors.detach()[0].float())
+
+    def hook(name, pick=lambda out: out):
+        return lambda _module, _inputs, output: store(name, pick(output))
 
     m = model.model
-    handles.append(m.embed_tokens.register_forward_hook(keep("embedding")))
+    handles.append(m.embed_tokens.register_forward_hook(hook("embedding")))
     for i, layer in enumerate(m.layers):
         def pre(_module, args, kwargs, i=i):
             pli = args[1] if len(args) > 1 else kwargs.get("per_layer_input")
             if pli is not None:
-                got[f"per-layer input {i}"] = pli.detach()[0].float().clone()
+                store(f"per-layer input {i}", pli)
         handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(layer.self_attn.register_forward_hook(keep(f"layer {i} attention", lambda o: o[0])))
-        handles.append(layer.mlp.register_forward_hook(keep(f"layer {i} MLP")))
-        handles.append(layer.register_forward_hook(keep(f"layer {i} output")))
-    handles.append(m.norm.register_forward_hook(keep("final norm")))
-    handles.append(model.lm_head.register_forward_hook(keep("logits before softcap")))
+        handles.append(layer.self_attn.register_forward_hook(hook(f"layer {i} attention", lambda o: o[0])))
+        handles.append(layer.mlp.register_forward_hook(hook(f"layer {i} MLP")))
+        handles.append(layer.register_forward_hook(hook(f"layer {i} output")))
+    handles.append(m.norm.register_forward_hook(hook("final norm")))
+    handles.append(model.lm_head.register_forward_hook(hook("logits before softcap")))
     try:
         with torch.no_grad():
             out = model(input_ids=torch.tensor([ids]), use_cache=False)
     finally:
         for h in handles:
             h.remove()
-    got["logits (softcapped)"] = out.logits.detach()[0].float().clone()
+    store("logits (softcapped)", out.logits)
     return got
 
 
@@ -151,12 +158,18 @@ def record(model, ids: list[int], prompt_length: int) -> dict:
     got = capture(model, ids)
     comps = {}
     for c in components(model):
-        if c.name not in got:
-            continue
-        r = reduce(got[c.name], c.scale_free)
-        comps[c.name] = {"shape": list(r.shape), "sketched": got[c.name].shape[-1] > FULL_UP_TO, "data": _pack(r)}
+        if c.name in got:
+            r = got[c.name]
+            comps[c.name] = {"shape": list(r.shape), "sketched": _width(model, c) > FULL_UP_TO, "data": _pack(r)}
     return {"ids": [int(i) for i in ids], "prompt_length": int(prompt_length), "format": "float16",
             "sketch_dim": SKETCH_DIM, "components": comps}
+
+
+def _width(model, c: Component) -> int:
+    cfg = model.config
+    if c.part in ("logits", "softcapped"):
+        return cfg.vocab_size
+    return cfg.hidden_size_per_layer_input if c.part == "per_layer_input" else cfg.hidden_size
 
 
 # ---- comparing --------------------------------------------------------------------------------
@@ -177,7 +190,7 @@ def moves(model, golden: dict) -> list[Move]:
         if rec is None or c.name not in got:
             continue
         want = _unpack(rec["data"], rec["shape"])
-        now = reduce(got[c.name], c.scale_free).float()
+        now = got[c.name].float()
         if now.shape != want.shape:
             out.append(Move(c, float("inf"), 0))
             continue
@@ -205,7 +218,7 @@ def localize(found: list[Move], tol: float, label: str, prompt_length: int = 0) 
             return f"first component to move in {label}: {what} moves {m.size:.3g} (relative L2) at {where}; {before}"
     worst = max(found, key=lambda m: m.size)
     return (f"activations of {label}: every component within {tol:g} (largest: {worst.component.name} "
-            f"{worst.size:.2g}); the move is past this stage")
+            f"{worst.size:.2g}); a golden that fails moved past this stage's model")
 
 
 def _span(found: list[Move]) -> str:
@@ -217,6 +230,15 @@ def first_beyond(found: list[Move], tol: float) -> Move | None:
     return next((m for m in found if m.size > tol), None)
 
 
+def activation_tolerance(recipe: str) -> tuple[str, float]:
+    """The tolerance's name and value for a recipe's activation goldens (a checkpoint's quantized
+    recipes: 8da4w's, calibrated on the same benign moves)."""
+    from harness.tolerances import tolerance
+
+    name = f"activation_golden/{recipe if recipe in ACTIVATION_RECIPES else '8da4w'}"
+    return name, tolerance(name).atol
+
+
 # ---- the goldens' side ------------------------------------------------------------------------
 def activation_goldens(model_for, prompt_ids: dict, answers: dict, key: str = "fixture",
                        recipes=ACTIVATION_RECIPES) -> tuple[dict, dict]:
@@ -226,13 +248,12 @@ def activation_goldens(model_for, prompt_ids: dict, answers: dict, key: str = "f
     the first mover's place in forward order.
     ``model_for(recipe)``: the recipe's eager transformers model; ``answers[(recipe, prompt)]``: its ids."""
     from harness.goldens.store import activation_golden_path, read_json_golden
-    from harness.tolerances import observe, tolerance
+    from harness.tolerances import observe
 
     records, localized = {}, {}
     for recipe in recipes:
         model = model_for(recipe)
-        name = f"activation_golden/{recipe}"
-        tol = tolerance(name).atol
+        name, tol = activation_tolerance(recipe)
         for prompt, ids in prompt_ids.items():
             records[(recipe, prompt)] = record(model, list(ids) + list(answers[(recipe, prompt)]), len(ids))
             path = activation_golden_path(recipe, prompt, key)
@@ -252,11 +273,10 @@ def eager_localization(model, recipe: str, prompt: str, key: str = "fixture") ->
     """The localization line of one recipe's eager model against its recorded activation golden of
     one prompt (None where the recipe has none: ``8da4w-fast`` runs another decoder)."""
     from harness.goldens.store import activation_golden_path, read_json_golden
-    from harness.tolerances import tolerance
 
     path = activation_golden_path(recipe, prompt, key)
     if recipe not in ACTIVATION_RECIPES or not path.is_file():
         return None
     golden = read_json_golden(path)
-    return localize(moves(model, golden), tolerance(f"activation_golden/{recipe}").atol, f"{recipe}:eager",
+    return localize(moves(model, golden), activation_tolerance(recipe)[1], f"{recipe}:eager",
                     golden.get("prompt_length", 0))

@@ -20,6 +20,7 @@ import gc
 import time
 
 from harness.errors import HarnessError
+from harness.goldens.activations import activation_goldens
 from harness.goldens.store import MAX_NEW_TOKENS, prompt_record, quantize_record
 from harness.goldens.subject import Subject
 
@@ -104,7 +105,7 @@ def compute_checkpoint(subject: Subject, progress=print, skip_memory_check: bool
         gc.collect()
         return_freed_memory()
 
-    quantized = {}
+    quantized, acts, localized = {}, {}, {}
     settings = ExportSettings(max_context=subject.max_context)
     for recipe in subject.recipes:
         pipe = checked_pipeline(subject.spec, recipe, settings, progress=progress, until="lower", skip=skip_memory_check)
@@ -112,6 +113,11 @@ def compute_checkpoint(subject: Subject, progress=print, skip_memory_check: bool
             for prompt in prompts:
                 runs[(recipe, "eager", prompt)] = pipe.generate(prompt, stage="eager", max_new_tokens=MAX_NEW_TOKENS)
             quantized[recipe] = quantize_record(pipe.quantized, digest_scales=True)
+            recorded, moved = activation_goldens(
+                lambda r: pipe.quantized, {p: prompt_records[p]["ids"] for p in prompts},
+                {(recipe, p): runs[(recipe, "eager", p)].ids for p in prompts}, subject.key, (recipe,))
+            acts.update(recorded)
+            localized.update(moved)
         with _Stage(stats, f"{recipe}:export (.pt2)", progress):
             pipe.pt2_path
             pipe.release_model()
@@ -134,4 +140,5 @@ def compute_checkpoint(subject: Subject, progress=print, skip_memory_check: bool
         del pipe
         gc.collect()
         return_freed_memory()
-    return Computed(runs, prompt_records, {}, quantized, tokenizer, current_provenance(subject=subject), subject, stats)
+    return Computed(runs, prompt_records, {}, quantized, tokenizer, current_provenance(subject=subject), subject, stats,
+                    activations=acts, localized=localized)

@@ -217,10 +217,17 @@ def _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok, moves=No
 def _activation_changes(c: Computed) -> list[Change]:
     """A component beyond its tolerance is numerics (the tokens and logits judge behaviour): it is
     named, first in forward order, by the localization line (``localization_lines``)."""
+    from harness.goldens.store import activation_golden_path
+
     out = []
-    for (recipe, prompt) in c.activations:
+    for (recipe, prompt), record in c.activations.items():
         if (recipe, prompt) not in c.localized:
-            out.append(Change("new", f"{prompt!r} {recipe}:eager activations", "no activation golden yet", True))
+            path = activation_golden_path(recipe, prompt, c.subject.key)
+            if not path.is_file():
+                out.append(Change("new", f"{prompt!r} {recipe}:eager activations", "no activation golden yet", True))
+            elif read_json_golden(path) != record:  # recorded after this computation, and not from it
+                out.append(Change("activations", f"{prompt!r} {recipe}:eager", "recorded after this computation "
+                                  "and not from it: rerun the diff to localize", True))
         elif c.localized[(recipe, prompt)][1]:
             out.append(Change("activations", f"{prompt!r} {recipe}:eager", c.localized[(recipe, prompt)][0], True))
     return out

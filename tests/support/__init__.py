@@ -51,15 +51,23 @@ def corpus() -> list[dict]:
 
 
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """``harness.cli.main.main(argv)`` in this process: (exit code, stdout, stderr)."""
+    """``harness.cli.main.main(argv)`` in this process: (exit code, stdout, stderr). The process's
+    environment is restored afterwards: ``--goldens DIR`` sets HARNESS_GOLDENS_DIR for the command
+    it runs, and it must not outlive it (it once pointed every later test at a missing directory)."""
+    import os
+
     from harness.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
+    saved = dict(os.environ)
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             rc = main(argv)
         except SystemExit as e:  # argparse: usage errors and --help
             rc = e.code if isinstance(e.code, int) else 1
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
     return rc, out.getvalue(), err.getvalue()
 
 
