@@ -162,7 +162,7 @@ def test_the_diff_prints_the_line_before_the_token_lines(computed_goldens, pipel
     """``goldens diff`` on an injected embedding scale: the localization line right after the stack's
     differences, before any change line."""
     from harness.goldens.activations import activation_goldens
-    from harness.goldens.refresh import _diff
+    from harness.goldens.refresh import _diff, diff_summary
 
     model = copy.deepcopy(pipeline("fp32").quantized)
     with torch.no_grad():
@@ -173,7 +173,8 @@ def test_the_diff_prints_the_line_before_the_token_lines(computed_goldens, pipel
     acts, localized = activation_goldens(lambda r: model, prompts, answers, recipes=("fp32",))
     moved = dataclasses.replace(c, activations={**c.activations, **acts}, localized={**c.localized, **localized})
     lines: list[str] = []
-    _diff(moved, lines.append, lambda m: None, None, None)
+    c2, a, rc = _diff(moved, lines.append, lambda m: None, None, None)
+    assert rc == 1 and diff_summary(c2, a, rc)["localized"][0].startswith("first component to move in fp32:eager: embedding")
     first_change = next(i for i, l in enumerate(lines) if l.startswith("- ["))
     at = next(i for i, l in enumerate(lines) if l.startswith("localized: first component to move in fp32:eager: embedding"))
     assert at < first_change

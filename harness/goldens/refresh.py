@@ -344,6 +344,7 @@ def diff_summary(c: Computed, a: Assessment, rc: int) -> dict:
     (the compatibility matrix's row, harness/goldens/matrix.py)."""
     return {"exit": rc, "model": c.subject.key, "changes": len(a.changes), "blockers": len(a.blockers),
             "blocking": [ch.line() for ch in a.blockers], "stages": a.moves, "stage_stats": c.stage_stats,
+            "localized": localization_lines(c),
             "provenance_changed": {k: list(v) for k, v in provenance_diff(a.recorded, a.now, c.subject.key).items()}}
 
 
