@@ -153,9 +153,10 @@ def _unpack(text: str, shape):
     return torch.from_numpy(np.frombuffer(base64.b64decode(text), dtype="<f2").astype("float32").reshape(shape))
 
 
-def record(model, ids: list[int], prompt_length: int) -> dict:
-    """The activation golden of one prompt: its input ids and each component, reduced."""
-    got = capture(model, ids)
+def record(model, ids: list[int], prompt_length: int, got: dict | None = None) -> dict:
+    """The activation golden of one prompt: its input ids and each component, reduced (``got``: the
+    capture of ``ids``, where the caller has it)."""
+    got = capture(model, ids) if got is None else got
     comps = {}
     for c in components(model):
         if c.name in got:
@@ -181,9 +182,10 @@ class Move:
     peak: float = 0.0  # the move there, relative to the same typical size
 
 
-def moves(model, golden: dict) -> list[Move]:
-    """Every component's largest move against ``golden`` (forward order), on the golden's ids."""
-    got = capture(model, golden["ids"])
+def moves(model, golden: dict, got: dict | None = None) -> list[Move]:
+    """Every component's move against ``golden`` (forward order), on the golden's ids (``got``: their
+    capture, where the caller has it)."""
+    got = capture(model, golden["ids"]) if got is None else got
     out = []
     for c in components(model):
         rec = golden["components"].get(c.name)
@@ -255,12 +257,14 @@ def activation_goldens(model_for, prompt_ids: dict, answers: dict, key: str = "f
         model = model_for(recipe)
         name, tol = activation_tolerance(recipe)
         for prompt, ids in prompt_ids.items():
-            records[(recipe, prompt)] = record(model, list(ids) + list(answers[(recipe, prompt)]), len(ids))
+            seq = list(ids) + list(answers[(recipe, prompt)])
+            got = capture(model, seq)  # one forward for the new record and, where the ids agree, the comparison
+            records[(recipe, prompt)] = record(model, seq, len(ids), got)
             path = activation_golden_path(recipe, prompt, key)
             if not path.is_file():
                 continue
             golden = read_json_golden(path)
-            found = moves(model, golden)
+            found = moves(model, golden, got if golden["ids"] == seq else None)
             finite = [m.size for m in found if m.size != float("inf")]
             observe(name, max(finite, default=0.0))
             first = first_beyond(found, tol)
