@@ -192,6 +192,16 @@ TOLERANCES: dict[str, Tolerance] = {
         "torchao's own codes and scales are compared exactly by the quantize golden.",
         measured=0.090,
     ),
+    "pte_gap/8da4w": Tolerance(
+        0.1,
+        "each .pte operator output (an XNNPACK delegate call or a portable op, from ETDump) against the "
+        "edge program it was lowered from, relative L2 over one prefill (harness/goldens/pte_gap.py). The "
+        "untouched fixture .pte: 0.021 at most over the golden prompts (layer 5's post-per-layer-input norm: "
+        "XNNPACK's INT8 activation codes round differently from torchao's reference and the flips grow with "
+        "depth; the first layers 0.005), 2026-12-07, AMD EPYC family 25 model 1, Zen 3, AVX2, no AVX-512. "
+        "4.7x. One group's scales x1.25 in one linear moves its delegate call by far more.",
+        measured=0.021,
+    ),
     "logit_golden/8da4w-fast": Tolerance(
         4.0,
         "8da4w-fast's log-probs (every token) against 8da4w's goldens at the same stage. Not the same "

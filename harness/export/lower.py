@@ -74,20 +74,22 @@ def drop_delegated_weights(edge) -> int:
 
 
 def lower(ep, recipe: Recipe, constant_methods: dict | None = None, drop_weights: bool = True,
-          lean: bool = True):
+          lean: bool = True, etrecord: bool = False):
     """Return (ExecutorchProgramManager, LowerReport). ``ep`` may come in a one-element list, which
     is emptied once the edge program exists, so that the caller's reference does not keep the
     delegated weights alive through emission (``drop_delegated_weights``). ``lean``: trace under
-    harness/export/lean.py (the same program, 14-30% faster)."""
+    harness/export/lean.py (the same program, 14-30% faster). ``etrecord``: ExecuTorch's debug
+    record as well (``program.get_etrecord()``: the programs before and after lowering, by debug
+    handle), for harness/goldens/pte_gap.py; the program itself is the same bytes."""
     from contextlib import nullcontext
 
     from harness.export.lean import lean_tracing
 
     with lean_tracing() if lean else nullcontext():
-        return _lower(ep, recipe, constant_methods, drop_weights)
+        return _lower(ep, recipe, constant_methods, drop_weights, etrecord)
 
 
-def _lower(ep, recipe: Recipe, constant_methods: dict | None, drop_weights: bool):
+def _lower(ep, recipe: Recipe, constant_methods: dict | None, drop_weights: bool, etrecord: bool = False):
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
@@ -100,6 +102,7 @@ def _lower(ep, recipe: Recipe, constant_methods: dict | None, drop_weights: bool
         partitioner=[XnnpackPartitioner()],
         compile_config=EdgeCompileConfig(_check_ir_validity=False),
         constant_methods=constant_methods,
+        generate_etrecord=etrecord,
     )
     del ep
     if drop_weights:
