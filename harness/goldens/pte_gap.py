@@ -86,8 +86,8 @@ class GapReport:
 
 
 def module_summary(modules: list[str]) -> str:
-    """``model.layers.2.mlp.down_proj`` for one module; the common path (``model.layers.2``) and a
-    count for several."""
+    """``model.layers.2.mlp.down_proj`` for one module; the first and the last, in forward order,
+    and a count for several."""
     if not modules:
         return ""
     if len(set(modules)) == 1:
@@ -150,8 +150,9 @@ def etrecord_path(pipe) -> Path:
         program, _ = lower([pipe.exported], pipe.recipe, runner_metadata(pipe.loaded, pipe.settings, pipe.recipe),
                            etrecord=True)
         pipe.__dict__.pop("exported", None)
-        save_etrecord(program, path, sha256_file(pte))
-        return {"pte_sha256": sha256_file(pte)}
+        want = sha256_file(pte)
+        save_etrecord(program, path, want)
+        return {"pte_sha256": want}
 
     return pipe.cache.get_or_build("etrecord", pipe._key("pte"), "etrecord.bin", build)
 
