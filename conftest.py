@@ -84,6 +84,10 @@ def pytest_configure(config):
         raise pytest.UsageError(
             "--snapshot-update-new-only would write a part of the golden set: use --snapshot-update (the gate "
             "on the whole set) or `harness goldens update` (docs/goldens.md)")
+    if config.getoption("--snapshot-update", default=False) and getattr(config.option, "numprocesses", None):
+        raise pytest.UsageError(
+            "--snapshot-update runs the gate once, on the whole set, in one process: run it without xdist "
+            "(pytest -m mac --snapshot-update, or tox -e mac -- -n 0 --snapshot-update)")
     if config.getoption("--snapshot-update", default=False) and not config.pluginmanager.hasplugin("syrupy"):
         raise pytest.UsageError(
             "--snapshot-update needs syrupy (pip install -e '.[dev]'); or run `harness goldens update`, which "
@@ -239,9 +243,67 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def _tolerance_report() -> None:
-    """HARNESS_TOLERANCE_REPORT=FILE: the largest value each named tolerance saw in this run."""
+    """HARNESS_TOLERANCE_REPORT=FILE: the largest value each named tolerance saw in this run. Under
+    xdist each worker writes FILE.gwN, and the controller, finishing last, merges them into FILE."""
     path = os.environ.get("HARNESS_TOLERANCE_REPORT")
-    if path:
-        from harness.tolerances import OBSERVED
+    if not path:
+        return
+    from harness.tolerances import OBSERVED
 
-        Path(path).write_text(json.dumps(OBSERVED, indent=1, sort_keys=True) + "\n")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        Path(f"{path}.{worker}").write_text(json.dumps(OBSERVED, sort_keys=True))
+        return
+    merged = {name: dict(seen) for name, seen in OBSERVED.items()}
+    for part in sorted(Path(path).parent.glob(Path(path).name + ".gw*")):
+        for name, seen in json.loads(part.read_text()).items():
+            into = merged.setdefault(name, {})
+            for field, value in seen.items():
+                into[field] = max(into.get(field, value), value)
+        part.unlink()
+    Path(path).write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+
+
+# ---- the tier on several workers (tox -e mac: pytest-xdist, -n 2 --dist loadgroup) ---------------
+# Each module runs on one worker (its module fixtures built once), the tests on the generated
+# checkpoint (tests/conftest.py's session fixtures) together, and the longest groups first, so
+# that no worker is left with a long one at the end (measured cold on 2 cores, 2026-12-07).
+LONGEST_FIRST = ("yours", "test_pte_gap", "test_lean_tracing", "test_preflight", "test_bench_tools",
+                 "test_lower_memory", "test_snapshot_update", "test_native", "test_golden_refresh")
+_YOURS = {"your_checkpoint", "your_recorded"}
+
+
+def _group(item) -> str:
+    return "yours" if _YOURS & set(getattr(item, "fixturenames", ())) else item.path.stem
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group marks into the test ids
+def pytest_collection_modifyitems(config, items):
+    if config.pluginmanager.hasplugin("xdist") and config.getvalue("dist") == "loadgroup":
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(_group(item)))
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: the rest keep their order
+
+
+FIXTURE_PROGRAMS = ("8da4w", "8da4w-fast", "fp32")  # the fixture's .pte files, the longest to lower first
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _lower_in_turn(request):
+    """Under xdist, before its first test, each worker lowers the fixture programs that no other
+    worker is lowering (starting at its own place in the list, skipping any whose claim another
+    holds), so that the three lowerings run side by side instead of one worker waiting on the
+    other's. Only where the session has tests on the fixture's pipelines."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not any("pipeline" in getattr(i, "fixturenames", ()) for i in request.session.items):
+        return
+    from harness.pipeline import Pipeline
+
+    pipeline = request.getfixturevalue("pipeline")
+    start = int(worker[2:]) % len(FIXTURE_PROGRAMS)
+    for recipe in FIXTURE_PROGRAMS[start:] + FIXTURE_PROGRAMS[:start]:
+        p: Pipeline = pipeline(recipe)
+        with p.cache.claim("lowering", p._key("pte"), wait=False) as mine:
+            if mine:
+                p.pte_path

@@ -4,7 +4,9 @@ Key = sha256 of (stage, model identity (weights hash), model config, recipe, exp
 the harness's own source, library versions). Location: ``HARNESS_CACHE_DIR``, default
 ``~/.cache/gemma-edge-harness`` (outside the repo). ``HARNESS_NO_CACHE=1`` turns it off (artifacts
 go to a per-process temp dir). Each entry stores the artifact and ``meta.json`` with the
-artifact's sha256; an entry whose hash does not match is deleted and rebuilt.
+artifact's sha256; an entry whose hash does not match is deleted and rebuilt. Processes that share
+the cache (the test tier's workers, two shells) build an entry once: a builder holds the entry's
+lock (``.locks/STAGE-KEY.lock``, ``flock``), and one that finds it held waits, then takes the entry.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -71,11 +74,38 @@ class ArtifactCache:
             return None
         return path
 
+    @contextmanager
+    def claim(self, stage: str, key: str, wait: bool = True):
+        """Hold the entry's lock; yields True, or False at once when ``wait`` is off and another
+        process holds it (that one is building the entry)."""
+        import fcntl
+
+        locks = self.root / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with open(locks / f"{stage}-{key}.lock", "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
     def get_or_build(self, stage: str, key: str, filename: str, build: Callable[[Path], dict | None]) -> Path:
         found = self.lookup(stage, key, filename)
         if found is not None:
             self.events.append((stage, key, "hit"))
             return found
+        with self.claim(stage, key):
+            found = self.lookup(stage, key, filename)  # another process may have built it meanwhile
+            if found is not None:
+                self.events.append((stage, key, "hit"))
+                return found
+            return self._build(stage, key, filename, build)
+
+    def _build(self, stage: str, key: str, filename: str, build: Callable[[Path], dict | None]) -> Path:
         entry = self.entry(stage, key)
         self.root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{stage}-{key}.", dir=self.root))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from harness.cache import ArtifactCache, cache_key, cache_root
@@ -77,3 +80,68 @@ def test_location_from_env_and_off_switch(monkeypatch, tmp_path):
     monkeypatch.setenv("HARNESS_NO_CACHE", "1")
     root = cache_root()
     assert root != tmp_path / "c" and "nocache" in root.name
+
+
+def _build_in_a_process(root: str, log: str, go, out: str) -> None:
+    """One of two processes asking for the same entry at once (the tier's xdist workers)."""
+    import time
+
+    def build(path):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(1.0)  # long enough that the other process asks while this one builds
+        path.write_bytes(b"artifact")
+
+    go.wait()
+    Path(out).write_text(str(ArtifactCache(Path(root)).get_or_build("pte", "k", "model.pte", build)))
+    os._exit(0)
+
+
+def _race(tmp_path) -> tuple[list[str], set[str]]:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    go = ctx.Event()
+    log = tmp_path / "builds.log"
+    log.touch()
+    outs = [tmp_path / f"out{i}" for i in range(2)]
+    procs = [ctx.Process(target=_build_in_a_process, args=(str(tmp_path / "cache"), str(log), go, str(o))) for o in outs]
+    for proc in procs:
+        proc.start()
+    go.set()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    return log.read_text().split(), {o.read_text() for o in outs}
+
+
+def test_two_processes_asking_at_once_build_the_entry_once(tmp_path):
+    builds, paths = _race(tmp_path)
+    assert len(builds) == 1, f"built {len(builds)} times"
+    assert len(paths) == 1 and (Path(next(iter(paths)))).read_bytes() == b"artifact"
+
+
+def test_without_the_lock_both_processes_build(tmp_path, monkeypatch):
+    """The regression the lock names: two workers lowering the same program side by side."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def no_lock(self, stage, key, wait=True):
+        yield True
+
+    monkeypatch.setattr(ArtifactCache, "claim", no_lock)
+    builds, _ = _race(tmp_path)
+    assert len(builds) == 2
+
+
+def test_a_claim_held_elsewhere_is_reported_not_waited_for(tmp_path):
+    import multiprocessing as mp
+
+    cache = ArtifactCache(tmp_path)
+    ctx = mp.get_context("fork")
+    with cache.claim("pte", "k") as mine:
+        assert mine
+        child = ctx.Process(target=lambda: os._exit(0 if not ArtifactCache(tmp_path).claim("pte", "k", wait=False).__enter__() else 1))
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0, "a second process took a claim this one holds"
