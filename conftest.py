@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from support import BENCH_STATE, PROFILE, RECIPE_NAMES, corpus  # (tests/support)
+from support import BENCH_STATE, PROFILE, RECIPE_NAMES, corpus, forget_inherited_worker  # (tests/support)
+
+
+# a pytest that a test starts under an xdist worker is not a worker (tests/support: forget_inherited_worker)
+forget_inherited_worker(os.environ, os.getpid())
 
 try:
     from hypothesis import HealthCheck, settings

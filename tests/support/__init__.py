@@ -23,6 +23,24 @@ RECIPE_NAMES = list(GOLDEN_RECIPES)  # recipes with goldens of their own
 BENCH_STATE: dict = {"failures": {}}
 
 
+XDIST_NAMES = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
+
+
+def forget_inherited_worker(environ, pid: int) -> bool:
+    """An xdist worker's environment names it (PYTEST_XDIST_WORKER), and every process it starts
+    inherits that: a test's own pytest session (tests/test_snapshot_update.py) would take itself for
+    a worker (syrupy publishes its report to a controller that is not there and prints no summary;
+    the tolerance report and the fixture lowerings act as on a worker). The worker notes its pid in
+    HARNESS_XDIST_WORKER_PID; a process that finds another pid there drops the names. True if it did."""
+    if "PYTEST_XDIST_WORKER" not in environ:
+        return False
+    if environ.setdefault("HARNESS_XDIST_WORKER_PID", str(pid)) == str(pid):
+        return False
+    for name in XDIST_NAMES + ("HARNESS_XDIST_WORKER_PID",):
+        environ.pop(name, None)
+    return True
+
+
 def tree_bytes(root) -> dict:
     """Every file below ``root`` (relative path -> bytes): to show that a command wrote nothing there."""
     from pathlib import Path
