@@ -42,21 +42,27 @@ def test_the_untouched_pte_names_nothing(clean):
     assert report.line().startswith("no operator of the pte moves")
 
 
-def test_one_delegate_computing_something_else_is_named(clean, tmp_path):
+@pytest.fixture(scope="module")
+def moved(clean, tmp_path_factory):
     """The .pte's regression with the exported program unchanged: layer 2's down_proj lowered with
     every scale x2 (what a kernel reading the wrong scale would compute)."""
     from harness.export.lower import lower
     from harness.export.pt2 import load_pt2
     from harness.export.pte import write_pte
-    from harness.goldens.pte_gap import numeric_gap
     from harness.program import runner_metadata
 
-    pipe, etrecord, prompts = clean
+    pipe = clean[0]
     ep = load_pt2(pipe.pt2_path)
     weight = ep.state_dict["model.model.layers.2.mlp.down_proj.weight"]
     weight.scale.mul_(2.0)
     program, _ = lower([ep], pipe.recipe, runner_metadata(pipe.loaded, pipe.settings, pipe.recipe))
-    moved = write_pte([program], tmp_path / "moved.pte")
+    return write_pte([program], tmp_path_factory.mktemp("moved") / "moved.pte")
+
+
+def test_one_delegate_computing_something_else_is_named(clean, moved):
+    from harness.goldens.pte_gap import numeric_gap
+
+    pipe, etrecord, prompts = clean
     report = numeric_gap(etrecord, moved, prompts[0], TOL)
     first = report.first
     assert first is not None, report.line()
@@ -70,6 +76,77 @@ def test_one_delegate_computing_something_else_is_named(clean, tmp_path):
     before = [r for r in report.rows if r.order < first.order]
     assert len(before) > 100 and max(r.gap for r in before) <= TOL
     print(line)
+
+
+# ---- in goldens diff -----------------------------------------------------------------------------
+FRANCE, SECOND = GOLDEN_PROMPTS[0], GOLDEN_PROMPTS[1]
+
+
+def _moves(pte=(), exported=(), recipe="8da4w"):
+    return {f"{recipe}:exported": {"moved_prompts": list(exported)}, f"{recipe}:pte": {"moved_prompts": list(pte)}}
+
+
+def test_only_a_pte_that_moved_alone_is_compared():
+    from harness.goldens.pte_gap import pte_moved_alone
+
+    assert pte_moved_alone(_moves(pte=[FRANCE, SECOND]), "8da4w") == [FRANCE, SECOND]
+    assert pte_moved_alone(_moves(pte=[FRANCE, SECOND], exported=[FRANCE]), "8da4w") == [SECOND]
+    assert pte_moved_alone(_moves(exported=[FRANCE]), "8da4w") == []
+    assert pte_moved_alone({}, "8da4w") == []
+
+
+def test_goldens_diff_names_the_pte_operator_when_the_pte_moves_alone(clean, moved):
+    """The line goldens diff prints, on the .pte above: the recipe, the first prompt that moved, the
+    first operator beyond pte_gap/8da4w in layer 2; where the exported program moved too, nothing
+    is compared (the change is upstream of lowering, and the activation line names it)."""
+    from harness.goldens.pte_gap import numeric_gap, pte_localization_lines
+    from harness.goldens.subject import fixture_subject
+    from harness.pipeline import encode_prompt
+
+    pipe, etrecord, _ = clean
+    asked = []
+
+    def gap(recipe, prompt, tol):
+        asked.append((recipe, prompt, tol))
+        return numeric_gap(etrecord, moved, encode_prompt(pipe.loaded.tokenizer, prompt), tol)
+
+    lines = pte_localization_lines(fixture_subject(), _moves(pte=[SECOND, FRANCE]), progress=lambda m: None, gap=gap)
+    assert asked == [("8da4w", SECOND, TOL)]
+    assert len(lines) == 1 and lines[0].startswith(f"8da4w, {SECOND!r}: first operator to move in the 8da4w .pte"), lines
+    assert "model.layers.2." in lines[0] and "everything before it" in lines[0], lines[0]
+    assert pte_localization_lines(fixture_subject(), _moves(pte=[FRANCE], exported=[FRANCE]), gap=gap) == []
+    assert len(asked) == 1
+
+
+def test_a_recipe_without_a_calibrated_gap_says_so_and_lowers_nothing():
+    from harness.goldens.pte_gap import pte_localization_lines
+    from harness.goldens.subject import fixture_subject
+
+    def gap(*args):
+        raise AssertionError("compared without a tolerance")
+
+    lines = pte_localization_lines(fixture_subject(), _moves(pte=[FRANCE], recipe="fp32"), gap=gap)
+    assert lines == ["fp32:pte moved and fp32:exported did not, on 1 prompt(s); its operators are not compared: "
+                     "no pte_gap/fp32 tolerance is calibrated (harness/tolerances.py)"]
+
+
+def test_the_diff_records_which_prompts_moved_at_each_stage(goldens_copy, computed_goldens):
+    """What pte_localization_lines reads: a clear-margin token of the 8da4w .pte tampered in its
+    golden moves that prompt at the pte stage only."""
+    import json
+
+    from harness.goldens.refresh import assess
+    from harness.goldens.store import token_golden_path
+
+    gen = computed_goldens.runs[("8da4w", "pte", FRANCE)]
+    top = gen.step_logits[3].topk(2)
+    path = token_golden_path("8da4w", "pte", FRANCE)
+    record = json.loads(path.read_text())
+    record["ids"][3] = int(top.indices[1])
+    path.write_text(json.dumps(record))
+    moves = assess(computed_goldens, llamacpp=False).moves
+    assert moves["8da4w:pte"]["moved_prompts"] == [FRANCE]
+    assert all(m["moved_prompts"] == [] for k, m in moves.items() if k != "8da4w:pte"), moves
 
 
 def test_a_record_for_another_program_is_refused(clean):

@@ -2,49 +2,20 @@
 it is read, so that E2B never exists in FP32. It must give exactly the model that loading it whole
 and then quantizing gives, every tensor bit for bit, for every recipe, from both the flat and the
 multimodal snapshot layout; and the per-layer table quantized in blocks of rows must equal it
-quantized whole."""
+quantized whole. Kept in the artifact cache (harness/export/quantized.py), it must come back the same
+model, bit for bit, and one that reads back different is never kept."""
 
 from __future__ import annotations
 
 import pytest
 
 from harness.errors import HarnessError
+from harness.export.quantized import tensor_differences as differences
 from harness.models.checkpoint import resave_multimodal
 from harness.models.load import FIXTURE_DIR, load_fixture
 from harness.recipes import RECIPES, get_recipe
 
 pytestmark = pytest.mark.mac
-
-
-def flat_tensors(model) -> dict:
-    """Every tensor of the model by name, a torchao tensor as its inner tensors (codes, scales,
-    zero points) plus its attributes; tied weights under each name."""
-    out = {}
-    for name, t in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers()):
-        inner = getattr(t, "tensor_data_names", None)
-        if inner:
-            for n in inner:
-                out[f"{name}:{n}"] = getattr(t, n)
-            out[f"{name}:attrs"] = tuple(str(getattr(t, a)) for a in t.tensor_attribute_names) + (type(t).__name__,)
-        else:
-            out[name] = t
-    return out
-
-
-def differences(a, b) -> list[str]:
-    import torch
-
-    fa, fb = flat_tensors(a), flat_tensors(b)
-    diff = sorted(set(fa) ^ set(fb))
-    for k in sorted(set(fa) & set(fb)):
-        x, y = fa[k], fb[k]
-        if isinstance(x, tuple):
-            same = x == y
-        else:
-            same = x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
-        if not same:
-            diff.append(k)
-    return diff
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +147,79 @@ def test_eager_lookups_gather_rows_before_dequantizing_bit_for_bit(recipe):
     finally:
         type(tables[0].weight).dequantize = dequantize
     assert calls == [ids.numel()], f"dequantized {calls} rows for {ids.numel()} looked up"
+
+
+# ---- the streamed model in the artifact cache (harness/export/quantized.py) ---------------------
+def test_the_streamed_model_comes_back_from_the_cache_bit_for_bit(snapshot, tmp_path):
+    """Built once (streamed, written, read back, compared), then taken from the cache: the same
+    tensors as the streamed load, the same logits, and the summary says which run built it."""
+    import torch
+
+    from harness.cache import ArtifactCache
+    from harness.export.quantized import load_quantized_cached
+    from harness.export.stream import load_quantized
+
+    recipe = get_recipe("8da4w-fast")
+    cache = ArtifactCache(tmp_path / "cache")
+    want, _ = load_quantized(snapshot, recipe)
+    first, s1 = load_quantized_cached(snapshot, recipe, cache)
+    second, s2 = load_quantized_cached(snapshot, recipe, cache)
+    assert [e[2] for e in cache.events] == ["build", "hit"]
+    assert (s1["cached"], s2["cached"]) == (False, True) and s2["group_size"] == s1["group_size"]
+    assert differences(first, want) == [] and differences(second, want) == []
+    tied = [m.lm_head.weight is m.model.embed_tokens.weight for m in (want, first, second)]
+    assert tied[1:] == tied[:1] * 2, "the cache tied or untied lm_head and the token table"
+    ids = torch.tensor([[2, 17, 300, 511, 1000 % want.config.vocab_size]])
+    with torch.no_grad():
+        assert torch.equal(second(input_ids=ids).logits, want(input_ids=ids).logits)
+
+
+def test_the_key_moves_with_the_recipe_and_the_checkpoint(snapshot, tmp_path):
+    import shutil
+
+    from harness.export.quantized import quantized_key
+
+    assert quantized_key(snapshot, get_recipe("8da4w")) != quantized_key(snapshot, get_recipe("8da4w-fast"))
+    other = tmp_path / "other"
+    shutil.copytree(snapshot, other)
+    shard = sorted(other.glob("*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1  # one bit of one weight
+    shard.write_bytes(bytes(data))
+    assert quantized_key(other, get_recipe("8da4w")) != quantized_key(snapshot, get_recipe("8da4w"))
+
+
+def test_a_model_that_reads_back_different_is_not_kept(snapshot, tmp_path, monkeypatch):
+    """The verification after writing can fail: here the read-back has one INT4 code changed (as a
+    serializer that lost a tensor's contents would), and the entry is refused, nothing cached."""
+    from harness.cache import ArtifactCache
+    from harness.export import quantized
+
+    read_back = quantized.read_back
+
+    def tampered(path, directory):
+        model = read_back(path, directory)
+        w = model.model.layers[1].self_attn.o_proj.weight
+        w.qdata[0, 0] = (w.qdata[0, 0] + 1) % 7
+        return model
+
+    monkeypatch.setattr(quantized, "read_back", tampered)
+    cache = ArtifactCache(tmp_path / "cache")
+    with pytest.raises(HarnessError, match=r"reads back different \(1 tensors, e.g. model.layers.1.self_attn.o_proj.weight:qdata\)"):
+        quantized.load_quantized_cached(snapshot, get_recipe("8da4w"), cache)
+    assert not list((tmp_path / "cache").glob("quantized-*")), "a model that read back different was cached"
+
+
+def test_a_streamed_pipeline_takes_its_model_from_the_cache_the_second_time(tmp_path):
+    from harness.cache import ArtifactCache
+    from harness.pipeline import Pipeline
+
+    cache = ArtifactCache(tmp_path / "cache")
+    prompt = "The capital of France is"
+    first = Pipeline(str(FIXTURE_DIR), "8da4w", cache=cache, stream=True)
+    second = Pipeline(str(FIXTURE_DIR), "8da4w", cache=cache, stream=True)
+    import torch
+
+    a, b = first.generate(prompt, "eager"), second.generate(prompt, "eager")
+    assert a.ids == b.ids and all(torch.equal(x, y) for x, y in zip(a.step_logits, b.step_logits, strict=True))
+    assert (first.records["load+quantize"].cached, second.records["load+quantize"].cached) == (False, True)

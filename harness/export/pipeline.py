@@ -81,13 +81,14 @@ class BuildPipeline:
         return loaded
 
     def _stream_load(self) -> LoadedModel:
-        from harness.export.stream import load_quantized
+        from harness.export.quantized import load_quantized_cached
         from harness.models.load import load_directory_meta
 
         t0 = time.time()
-        self.progress(f"loading and quantizing {self._model_spec} [{self.recipe.name}] module by module ...")
-        model, self.quant_summary = load_quantized(self._model_spec, self.recipe, progress=self.progress)
-        self.records["load+quantize"] = StageRecord(time.time() - t0, param_bytes(model))
+        self.progress(f"loading and quantizing {self._model_spec} [{self.recipe.name}] module by module "
+                      "(or taking it from the artifact cache) ...")
+        model, self.quant_summary = load_quantized_cached(self._model_spec, self.recipe, self.cache, progress=self.progress)
+        self.records["load+quantize"] = StageRecord(time.time() - t0, param_bytes(model), self.quant_summary["cached"])
         return load_directory_meta(self._model_spec, model, quantized=self.recipe.name)
 
     @property

@@ -24,8 +24,10 @@ class Assessment:
     changes: list[Change] = field(default_factory=list)
     recorded: dict = field(default_factory=dict)
     now: dict = field(default_factory=dict)
-    # "recipe:stage" -> {"prompts", "ids_changed", "max_logprob"}: how far each stage moved (the matrix's columns)
+    # "recipe:stage" -> {"prompts", "ids_changed", "max_logprob", "moved_prompts"}: how far each stage
+    # moved (the matrix's columns), and on which prompts beyond its golden
     moves: dict = field(default_factory=dict)
+    pte_localized: list[str] = field(default_factory=list)  # the .pte's first operator to move, where it moved alone
 
     @property
     def blockers(self) -> list[Change]:

@@ -238,3 +238,45 @@ def _clean(path: str) -> str:
     path = re.sub(r"\[(\d+)\]", r".\1", path)
     path = re.sub(r"getattr\(([^,]+), '(\d+)'\)", r"\1.\2", path)
     return path.strip(".")
+
+
+# ---- in ``goldens diff``: the .pte moved, the exported program did not ---------------------------
+def pte_moved_alone(moves: dict, recipe: str) -> list[str]:
+    """The prompts whose ``pte`` stage moved (ids, or logits beyond the golden's tolerance) while
+    the ``exported`` stage of the same recipe did not: the change is in lowering or the runtime."""
+    exported = set(moves.get(f"{recipe}:exported", {}).get("moved_prompts", ()))
+    return [p for p in moves.get(f"{recipe}:pte", {}).get("moved_prompts", ()) if p not in exported]
+
+
+def _cached_gap(subject, recipe: str, prompt: str, tol: float, progress) -> GapReport:
+    """The numeric gap of the recipe's cached ``.pte`` on ``prompt`` (its ETRecord from the cache,
+    or one more lowering, checked against the ``.pte``'s bytes)."""
+    from harness.export.pipeline import BuildPipeline
+    from harness.pipeline import encode_prompt
+    from harness.program import ExportSettings
+
+    pipe = BuildPipeline(subject.spec, recipe, ExportSettings(max_context=subject.max_context), progress=progress)
+    return numeric_gap(etrecord_path(pipe), pipe.pte_path, encode_prompt(pipe.loaded.tokenizer, prompt), tol)
+
+
+def pte_localization_lines(subject, moves: dict, progress=print, gap=None) -> list[str]:
+    """One line per recipe whose ``.pte`` moved alone: the first operator of the ``.pte`` beyond
+    ``pte_gap/RECIPE`` on the first such prompt, or why it cannot be said. ``gap(recipe, prompt,
+    tol)`` gives the report (the cached ``.pte`` by default)."""
+    from harness.tolerances import TOLERANCES
+
+    lines = []
+    for recipe in subject.chain_recipes():
+        prompts = pte_moved_alone(moves, recipe)
+        if not prompts:
+            continue
+        name = f"pte_gap/{recipe}"
+        if name not in TOLERANCES:
+            lines.append(f"{recipe}:pte moved and {recipe}:exported did not, on {len(prompts)} prompt(s); its "
+                         f"operators are not compared: no {name} tolerance is calibrated (harness/tolerances.py)")
+            continue
+        tol = TOLERANCES[name].atol
+        progress(f"{recipe}:pte moved alone: comparing the .pte's operators with the program it was lowered from ...")
+        report = (gap or (lambda r, p, t: _cached_gap(subject, r, p, t, progress)))(recipe, prompts[0], tol)
+        lines.append(f"{recipe}, {prompts[0]!r}: " + report.line(f"{recipe} .pte"))
+    return lines

@@ -166,6 +166,7 @@ def _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok, moves=No
             changes.append(Change("new", f"{prompt!r} {recipe}:{stage}", "no golden yet", True))
             continue
         pos = first_divergence(old, gen.ids)
+        beyond = False  # the logits beyond the golden's tolerance
         old_logits = _old(logit_golden_path(recipe, stage, prompt, key))
         if old_logits is not None and old_logits and not ({"logits", "sketch"} & set(old_logits[0])):
             changes.append(Change("format", f"{prompt!r} {recipe}:{stage}",
@@ -174,14 +175,18 @@ def _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok, moves=No
         elif old_logits is not None:
             diff, tol = logit_golden_diff(recipe, stage, prompt, gen, model=key)
             lp_by_stage[stage] = diff.max_logprob
+            beyond = not diff.within(tol)
             if not diff.within(tol, multiple):
                 logit_blocking.append(f"{stage}: {diff.describe(tol)}")
             elif not diff.within(tol) and pos is None:
                 changes.append(Change("logits", f"{prompt!r} {recipe}:{stage}", diff.describe(tol), True))
         if moves is not None:
-            m = moves.setdefault(f"{recipe}:{stage}", {"prompts": 0, "ids_changed": 0, "max_logprob": None})
+            m = moves.setdefault(f"{recipe}:{stage}", {"prompts": 0, "ids_changed": 0, "max_logprob": None,
+                                                       "moved_prompts": []})
             m["prompts"] += 1
             m["ids_changed"] += pos is not None
+            if pos is not None or beyond:
+                m["moved_prompts"].append(prompt)  # its ids, or its logits beyond the golden's tolerance
             if stage in lp_by_stage:
                 m["max_logprob"] = max(m["max_logprob"] or 0.0, float(lp_by_stage[stage]))
         if pos is None:
@@ -344,7 +349,7 @@ def diff_summary(c: Computed, a: Assessment, rc: int) -> dict:
     (the compatibility matrix's row, harness/goldens/matrix.py)."""
     return {"exit": rc, "model": c.subject.key, "changes": len(a.changes), "blockers": len(a.blockers),
             "blocking": [ch.line() for ch in a.blockers], "stages": a.moves, "stage_stats": c.stage_stats,
-            "localized": localization_lines(c),
+            "localized": localization_lines(c) + a.pte_localized,
             "provenance_changed": {k: list(v) for k, v in provenance_diff(a.recorded, a.now, c.subject.key).items()}}
 
 
@@ -363,6 +368,7 @@ def diff_main(computed: Computed | None = None, say=print, progress=print, subje
 
 
 def _diff(computed, say, progress, subject, recipes):
+    from harness.goldens.pte_gap import pte_localization_lines
     from harness.goldens.subject import recorded_subject_problem
 
     subject = computed.subject if computed is not None else subject
@@ -374,6 +380,9 @@ def _diff(computed, say, progress, subject, recipes):
     print_provenance(a, say, subject.key)
     print_stage_stats(c, say)
     for line in localization_lines(c):
+        say(f"localized: {line}")
+    a.pte_localized = pte_localization_lines(subject, a.moves, progress)
+    for line in a.pte_localized:
         say(f"localized: {line}")
     real = a.changes
     update = UPDATE_COMMAND + ("" if subject.is_fixture else f" --model {subject.spec} --goldens {goldens_dir()}")
