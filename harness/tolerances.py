@@ -199,8 +199,21 @@ TOLERANCES: dict[str, Tolerance] = {
         "untouched fixture .pte: 0.021 at most over the golden prompts (layer 5's post-per-layer-input norm: "
         "XNNPACK's INT8 activation codes round differently from torchao's reference and the flips grow with "
         "depth; the first layers 0.005), 2026-12-07, AMD EPYC family 25 model 1, Zen 3, AVX2, no AVX-512. "
-        "4.7x. One group's scales x1.25 in one linear moves its delegate call by far more.",
+        "4.7x. Layer 2's down_proj lowered with every scale x2 is named (tests/test_pte_gap.py); one "
+        "group's scales x1.25 in one linear moved the output after it by 0.084, under the bound, and is "
+        "not named (torchao's own scales are held exactly by the quantize golden; this bound is for the "
+        "runtime's arithmetic).",
         measured=0.021,
+    ),
+    "pte_gap/8da4w-fast": Tolerance(
+        0.2,
+        "the same for the 8da4w-fast .pte, the default recipe of a checkpoint's goldens: 7 XNNPACK regions "
+        "(one compared; the others have several outputs) and the ops between them (llama custom SDPA, the "
+        "KV-cache updates, harness::q4_linear) one by one. Untouched: 0.036 at most over the fixture's golden "
+        "prompts (the last layers' custom SDPA), 0.045 over a generated small checkpoint's four prompts "
+        "(harness make-checkpoint --shape small; custom SDPA of its last layer), 2026-12-07, AMD EPYC family 25 "
+        "model 17, Zen 4, AVX-512 VNNI. 4.4x over the larger.",
+        measured=0.045,
     ),
     "logit_golden/8da4w-fast": Tolerance(
         4.0,

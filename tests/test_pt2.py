@@ -49,3 +49,32 @@ def test_truncated_pt2_on_disk_gets_a_clear_error(pipeline, tmp_path):
     bad.write_bytes(good[: len(good) // 2])
     with pytest.raises(HarnessError, match="export again"):
         load_pt2(bad)
+
+
+def test_the_program_lowered_is_the_reload_that_verified_the_file(tmp_path, monkeypatch):
+    """A .pt2 just written is loaded once, by its verification, and that reload is the program the
+    pipeline lowers (the demo spent 3 to 6 s loading it a second time); from the cache it is loaded
+    once as before. Either way it is a program read from the file, not the one in memory."""
+    from harness.cache import ArtifactCache
+    from harness.export import pt2
+    from harness.export.pipeline import BuildPipeline
+
+    loads = []
+    real = pt2.load_pt2
+
+    def counting(path):
+        loads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(pt2, "load_pt2", counting)
+    cache = ArtifactCache(tmp_path / "cache")
+    built = BuildPipeline("fixture", "fp32", cache=cache)
+    program = built.exported
+    assert len(loads) == 1 and loads[0].name.endswith(".partial"), loads  # the verification's reload
+    assert str(program.graph_module.code) == str(real(built.pt2_path).graph_module.code)
+    built.__dict__.pop("exported")  # as the lowering lets go of it; asked for again, it is read again
+    assert built.exported is not program, "the kept reload was handed out twice"
+    assert len(loads) == 2 and loads[1] == built.pt2_path
+    cached = BuildPipeline("fixture", "fp32", cache=cache)
+    cached.exported
+    assert [e[2] for e in cache.events] == ["build", "hit"] and len(loads) == 3 and loads[2] == cached.pt2_path

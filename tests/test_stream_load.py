@@ -223,3 +223,29 @@ def test_a_streamed_pipeline_takes_its_model_from_the_cache_the_second_time(tmp_
     a, b = first.generate(prompt, "eager"), second.generate(prompt, "eager")
     assert a.ids == b.ids and all(torch.equal(x, y) for x, y in zip(a.step_logits, b.step_logits, strict=True))
     assert (first.records["load+quantize"].cached, second.records["load+quantize"].cached) == (False, True)
+
+
+def test_the_activation_capture_gathers_rows_before_dequantizing():
+    """The activation goldens' teacher-forced forward (harness/goldens/activations.py) looks up the
+    quantized per-layer table row first, as the eager runtime does: the regression is torchao's
+    whole-table lookup, 9.4 GB of FP32 per forward at E2B size (an eager stage at 23 GiB)."""
+    from harness.export.quantize import quantize
+    from harness.goldens.activations import capture
+
+    model, _ = quantize(load_fixture().model, get_recipe("8da4w-fast"))
+    table = model.model.embed_tokens_per_layer.weight
+    ids = [2, 17, 300, 511, 12, 12]
+    calls = []
+    dequantize = type(table).dequantize
+
+    def counting(self):
+        if self.qdata.shape[1] == table.qdata.shape[1]:  # the per-layer table, or rows of it
+            calls.append(self.qdata.shape[0])
+        return dequantize(self)
+
+    type(table).dequantize = counting
+    try:
+        capture(model, ids)
+    finally:
+        type(table).dequantize = dequantize
+    assert calls and max(calls) == len(ids), f"dequantized {calls} rows of the per-layer table for {len(ids)} ids"

@@ -53,6 +53,7 @@ class BuildPipeline:
         self.cache = cache or ArtifactCache()
         self.records: dict[str, StageRecord] = {}
         self.progress = progress or (lambda msg: None)
+        self._reloaded: dict = {}  # the .pt2's program as its verification reloaded it, until asked for
 
     @cached_property
     def streamed(self) -> bool:
@@ -142,7 +143,8 @@ class BuildPipeline:
             self.progress(f"exporting {self.loaded.name} [{self.recipe.name}] with torch.export ...")
             t0 = time.time()
             ep = export_program(self.quantized, self.settings, self.recipe.export)
-            save_pt2(ep, path)
+            save_pt2(ep, path, keep=self._reloaded)
+            del ep
             return {"export_seconds": round(time.time() - t0, 2)}
 
         return self._built("pt2", "program.pt2", build)
@@ -156,7 +158,10 @@ class BuildPipeline:
             from harness.oplib import load_custom_ops_for_export
 
             load_custom_ops_for_export()
-        return load_pt2(self.pt2_path)
+        path = self.pt2_path
+        if "program" in self._reloaded:  # just written: the reload that verified the file (same bytes)
+            return self._reloaded.pop("program")
+        return load_pt2(path)
 
     @cached_property
     def pte_path(self) -> Path:

@@ -55,20 +55,24 @@ def load_pt2(path: Path):
                            f"{str(e).splitlines()[0][:120]})", "delete it and export again") from e
 
 
-def verify_pt2(path: Path) -> None:
-    load_pt2(path)  # checks the zip central directory, then reloads the program
-
-
-def save_pt2(ep, path: Path, writer=None) -> Path:
+def save_pt2(ep, path: Path, writer=None, keep: dict | None = None) -> Path:
     """Write ``ep`` to ``path`` atomically through an open handle, then verify it.
 
     ``writer(ep, fileobj)`` defaults to ``torch.export.save``; tests substitute a truncating
-    writer to show a damaged archive is caught at write time."""
+    writer to show a damaged archive is caught at write time. ``keep``: the program the
+    verification reloaded goes there as ``keep["program"]``, so that a caller who wants the
+    reloaded program (the lowering does) need not load the file a second time."""
     import torch
 
     writer = writer or torch.export.save
     path = Path(path)
-    with atomic_path(path, verify=verify_pt2) as tmp:
+
+    def verify(tmp: Path) -> None:
+        program = load_pt2(tmp)  # checks the zip central directory, then reloads the program
+        if keep is not None:
+            keep["program"] = program
+
+    with atomic_path(path, verify=verify) as tmp:
         with open(tmp, "wb") as f:
             writer(ep, f)
     return path

@@ -11,12 +11,13 @@ The file is ``torch.save`` of the tensors by name (a torchao tensor with its cod
 points and attributes; a tied weight once, under both names) and of the plain module attributes the
 quantization changed (``padding_idx``); the whole module does not pickle (transformers' activations
 hold a ``functools.partial`` of a builtin). Read back, the model is built on the meta device from
-the checkpoint's config, as the streamed load builds it, and given those tensors, memory-mapped: their
-pages come from the file as they are touched. Verified after writing: read back, every tensor equal to
-the model in memory bit for bit, and every module of the same type with the same attributes; from
-then on the model in use is the one read back, so the run that builds the entry runs what later runs
-load. The file is trusted as the cache's own (``weights_only=False``: torchao's tensor classes and
-their attributes pickle), and its sha256 is checked on every lookup (harness/cache.py).
+the checkpoint's config, as the streamed load builds it, and given those tensors, memory-mapped:
+their pages come from the file as they are touched. Verified after writing: a digest of every tensor's
+bytes and of every module's type and attributes is taken, the model in memory let go (so the two are
+never held at once), the file read back and its digest compared; from then on the model in use is
+the one read back, so the run that builds the entry runs what later runs load. The file is trusted
+as the cache's own (``weights_only=False``: torchao's tensor classes and their attributes pickle),
+and its sha256 is checked on every lookup (harness/cache.py).
 """
 
 from __future__ import annotations
@@ -121,23 +122,48 @@ def read_back(path: Path, directory):
     return model
 
 
-def differences(model, back) -> list[str]:
-    """Where ``back`` is not ``model``: tensors (bit for bit), module types, plain attributes."""
-    moved = tensor_differences(model, back)
-    mods, backs = dict(model.named_modules()), dict(back.named_modules())
-    moved += [f"{n}:type" for n in mods if type(mods[n]) is not type(backs.get(n))]
-    moved += [f"{n}:attributes" for n in mods if n in backs and _attributes(mods[n]) != _attributes(backs[n])]
-    return moved
+def fingerprint(model) -> dict:
+    """A digest of everything the file must give back: each tensor's dtype, shape and bytes (a
+    torchao tensor's inner tensors and attributes), each module's type and plain attributes."""
+    import hashlib
 
-
-def write_verified(model, path: Path, directory):
-    """``torch.save`` what makes the model to ``path``, read it back and compare it all; the model
-    read back, which is what a later run gets from the cache."""
     import torch
 
+    out = {}
+    for name, t in flat_tensors(model).items():
+        if isinstance(t, tuple):
+            out[name] = repr(t)
+            continue
+        h = hashlib.sha256(f"{t.dtype} {list(t.shape)}".encode())
+        flat = t.detach().contiguous().reshape(-1)
+        if flat.numel():
+            h.update(memoryview(flat.view(torch.uint8).numpy()))
+        out[name] = h.hexdigest()
+    for name, module in model.named_modules():
+        out[f"{name}:type"] = f"{type(module).__module__}.{type(module).__qualname__}"
+        out[f"{name}:attributes"] = repr(sorted(_attributes(module).items()))
+    return out
+
+
+def write_verified(box: list, path: Path, directory):
+    """``torch.save`` what makes the model in ``box`` to ``path``; let go of the model (``box`` is
+    emptied: at E2B size it is 5 GB, and the read-back maps as much again); read it back and compare
+    it all with the digest taken before. The model read back, which is what a later run gets."""
+    import gc
+
+    import torch
+
+    from harness.rss import return_freed_memory
+
+    model = box.pop()
+    want = fingerprint(model)
     torch.save(contents(model, directory), path)
+    del model
+    gc.collect()
+    return_freed_memory()
     back = read_back(path, directory)
-    moved = differences(model, back)
+    got = fingerprint(back)
+    moved = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
     if moved:
         path.unlink(missing_ok=True)
         raise HarnessError(f"the quantized model written to {path} reads back different ({len(moved)} tensors, "
@@ -158,10 +184,13 @@ def load_quantized_cached(directory, recipe: Recipe, cache, progress=None, load=
 
     def build(path: Path):
         model, summary = load(directory, recipe, progress=progress)
-        t0 = time.time()
-        built["model"] = write_verified(model, path, directory)
+        box = [model]
         del model
+        t0 = time.time()
+        built["model"] = write_verified(box, path, directory)
         summary = {**summary, "write_seconds": round(time.time() - t0, 1)}
+        say(f"the quantized model kept in the artifact cache ({path.stat().st_size / 1e9:.2f} GB, written, read "
+            f"back and compared in {summary['write_seconds']} s)")
         built["summary"] = summary
         return {"summary": summary}
 

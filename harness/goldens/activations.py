@@ -104,8 +104,12 @@ def capture(model, ids: list[int], keep=None) -> dict[str, "torch.Tensor"]:
         handles.append(layer.register_forward_hook(hook(f"layer {i} output")))
     handles.append(m.norm.register_forward_hook(hook("final norm")))
     handles.append(model.lm_head.register_forward_hook(hook("logits before softcap")))
+    from harness.runtimes.pytorch import gathered_embeddings
+
     try:
-        with torch.no_grad():
+        # quantized lookups gather their rows first, bit for bit: torchao's own dequantizes the whole
+        # table, E2B's per-layer one 9.4 GB of FP32, on every forward (a 23 GiB eager stage)
+        with torch.no_grad(), gathered_embeddings():
             out = model(input_ids=torch.tensor([ids]), use_cache=False)
     finally:
         for h in handles:

@@ -248,7 +248,31 @@ def pte_moved_alone(moves: dict, recipe: str) -> list[str]:
     return [p for p in moves.get(f"{recipe}:pte", {}).get("moved_prompts", ()) if p not in exported]
 
 
-def _cached_gap(subject, recipe: str, prompt: str, tol: float, progress) -> GapReport:
+def gap_tolerance(recipe: str) -> tuple[str, float] | None:
+    """``(name, bound)`` of the recipe's calibrated ``pte_gap`` tolerance, or None if it has none."""
+    from harness.tolerances import TOLERANCES
+
+    name = f"pte_gap/{recipe}"
+    return (name, TOLERANCES[name].atol) if name in TOLERANCES else None
+
+
+def gap_report(etrecord: Path, pte_path: Path, ids: list[int], recipe: str, calibrating: bool = True) -> GapReport:
+    """``numeric_gap`` under the recipe's tolerance; the largest gap is observed for the tolerance
+    report (harness/tolerances.py) unless the ``.pte`` was moved on purpose (``calibrating=False``)."""
+    from harness.tolerances import observe
+
+    named = gap_tolerance(recipe)
+    if named is None:
+        raise HarnessError(f"no pte_gap tolerance is calibrated for {recipe}",
+                           "calibrate one in harness/tolerances.py on the untouched .pte (tests/test_pte_gap.py)")
+    name, bound = named
+    report = numeric_gap(etrecord, pte_path, ids, bound)
+    if calibrating:
+        observe(name, max((r.gap for r in report.rows), default=0.0))
+    return report
+
+
+def _cached_gap(subject, recipe: str, prompt: str, progress) -> GapReport:
     """The numeric gap of the recipe's cached ``.pte`` on ``prompt`` (its ETRecord from the cache,
     or one more lowering, checked against the ``.pte``'s bytes)."""
     from harness.export.pipeline import BuildPipeline
@@ -256,27 +280,27 @@ def _cached_gap(subject, recipe: str, prompt: str, tol: float, progress) -> GapR
     from harness.program import ExportSettings
 
     pipe = BuildPipeline(subject.spec, recipe, ExportSettings(max_context=subject.max_context), progress=progress)
-    return numeric_gap(etrecord_path(pipe), pipe.pte_path, encode_prompt(pipe.loaded.tokenizer, prompt), tol)
+    if pipe.recipe.export == "fast":  # the record's program calls llama:: ops, which the Inspector runs
+        from harness.oplib import load_custom_ops_for_export
+
+        load_custom_ops_for_export()
+    return gap_report(etrecord_path(pipe), pipe.pte_path, encode_prompt(pipe.loaded.tokenizer, prompt), recipe)
 
 
 def pte_localization_lines(subject, moves: dict, progress=print, gap=None) -> list[str]:
     """One line per recipe whose ``.pte`` moved alone: the first operator of the ``.pte`` beyond
-    ``pte_gap/RECIPE`` on the first such prompt, or why it cannot be said. ``gap(recipe, prompt,
-    tol)`` gives the report (the cached ``.pte`` by default)."""
-    from harness.tolerances import TOLERANCES
-
+    ``pte_gap/RECIPE`` on the first such prompt, or why it cannot be said. ``gap(recipe, prompt)``
+    gives the report (the cached ``.pte`` by default)."""
     lines = []
     for recipe in subject.chain_recipes():
         prompts = pte_moved_alone(moves, recipe)
         if not prompts:
             continue
-        name = f"pte_gap/{recipe}"
-        if name not in TOLERANCES:
+        if gap_tolerance(recipe) is None:
             lines.append(f"{recipe}:pte moved and {recipe}:exported did not, on {len(prompts)} prompt(s); its "
-                         f"operators are not compared: no {name} tolerance is calibrated (harness/tolerances.py)")
+                         f"operators are not compared: no pte_gap/{recipe} tolerance is calibrated (harness/tolerances.py)")
             continue
-        tol = TOLERANCES[name].atol
         progress(f"{recipe}:pte moved alone: comparing the .pte's operators with the program it was lowered from ...")
-        report = (gap or (lambda r, p, t: _cached_gap(subject, r, p, t, progress)))(recipe, prompts[0], tol)
+        report = (gap or (lambda r, p: _cached_gap(subject, r, p, progress)))(recipe, prompts[0])
         lines.append(f"{recipe}, {prompts[0]!r}: " + report.line(f"{recipe} .pte"))
     return lines

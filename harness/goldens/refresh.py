@@ -20,6 +20,7 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.goldens.change import Assessment, Change
+from harness.goldens.localized import activation_changes, localization_lines
 from harness.goldens.checks import _tok, is_near_tie, logit_golden_diff, first_divergence, margin_at, quality, check_quantize_golden, check_quality_golden
 from harness.goldens.provenance import current_provenance, provenance_diff, recorded_provenance, stack_keys
 from harness.goldens.store import GOLDEN_PROMPTS, MAX_NEW_TOKENS, UPDATE_COMMAND, goldens_dir, logit_golden_path, prompt_golden_path, prompt_record, quality_golden_path, quantize_golden_path, quantize_record, read_json_golden, token_golden_path
@@ -140,7 +141,7 @@ def assess(c: Computed, llamacpp: bool = True) -> Assessment:
         new_ids = {(r, s): c.runs[(r, s, prompt)].ids for r, s in nodes}
         for recipe in subject.chain_recipes():
             out.changes += _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok, out.moves)
-    out.changes += _activation_changes(c)
+    out.changes += activation_changes(c)
     for recipe, record in c.quantized.items():
         out.changes += _quantize_changes(recipe, record, key)
     for recipe, record in c.quality.items():
@@ -217,34 +218,6 @@ def _recipe_changes(c, prompt, recipe, old_ids, new_ids, multiple, tok, moves=No
         changes.append(Change("logits", f"{prompt!r} {recipe}", text, False,
                               f"beyond {multiple:g}x the golden's tolerance"))
     return changes
-
-
-def _activation_changes(c: Computed) -> list[Change]:
-    """A component beyond its tolerance is numerics (the tokens and logits judge behaviour): it is
-    named, first in forward order, by the localization line (``localization_lines``)."""
-    from harness.goldens.store import activation_golden_path
-
-    out = []
-    for (recipe, prompt), record in c.activations.items():
-        if (recipe, prompt) not in c.localized:
-            path = activation_golden_path(recipe, prompt, c.subject.key)
-            if not path.is_file():
-                out.append(Change("new", f"{prompt!r} {recipe}:eager activations", "no activation golden yet", True))
-            elif read_json_golden(path) != record:  # recorded after this computation, and not from it
-                out.append(Change("activations", f"{prompt!r} {recipe}:eager", "recorded after this computation "
-                                  "and not from it: rerun the diff to localize", True))
-        elif c.localized[(recipe, prompt)][1]:
-            out.append(Change("activations", f"{prompt!r} {recipe}:eager", c.localized[(recipe, prompt)][0], True))
-    return out
-
-
-def localization_lines(c: Computed) -> list[str]:
-    """Per recipe, one line: the prompt whose first moved component comes earliest in forward order
-    (or, where nothing moved, that every component is within bounds)."""
-    by_recipe: dict[str, list] = {}
-    for (recipe, _prompt), (line, _moved, rank) in c.localized.items():
-        by_recipe.setdefault(recipe, []).append((rank, line))
-    return [min(rows)[1] for rows in by_recipe.values()]
 
 
 def _quality_changes(recipe: str, record: dict, key: str = "fixture") -> list[Change]:
