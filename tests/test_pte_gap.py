@@ -25,6 +25,24 @@ def clean():
     return pipe, etrecord_path(pipe), ids
 
 
+def test_the_comparator_reads_a_masked_tensor_whose_masked_places_agree():
+    """An attention mask (0 and -inf) is equal to itself: the gap is 0, not nan (inf - inf). A mask
+    whose -inf moved, or a finite value turned nan, is a move (inf); finite places give relative L2."""
+    import math
+
+    import torch
+
+    from harness.goldens.pte_gap import relative_l2
+
+    mask = torch.tensor([[0.0, -math.inf, -math.inf], [0.0, 0.0, -math.inf]])
+    assert relative_l2(mask, mask.clone()) == 0.0
+    assert relative_l2(mask, torch.tensor([[0.0, 0.0, -math.inf], [0.0, 0.0, -math.inf]])) == math.inf
+    assert relative_l2(torch.tensor([1.0, math.nan]), torch.tensor([1.0, 2.0])) == math.inf
+    assert relative_l2(torch.tensor([math.nan, 1.0]), torch.tensor([math.nan, 1.0])) == 0.0
+    a, b = torch.tensor([3.0, 4.0, -math.inf]), torch.tensor([3.0, 4.5, -math.inf])
+    assert relative_l2(a, b) == pytest.approx(0.5 / 5.0)
+
+
 def test_the_untouched_pte_names_nothing(clean):
     from harness.goldens.pte_gap import gap_report
 

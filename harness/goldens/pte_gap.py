@@ -95,15 +95,27 @@ def module_summary(modules: list[str]) -> str:
     return f"{modules[0]} .. {modules[-1]} ({len(set(modules))} modules)"
 
 
+UNPAIRED = math.nan  # the comparator's answer for values that cannot be the same output
+
+
 def relative_l2(a, b) -> float:
+    """Relative L2 of ``b`` against ``a`` over their finite places; where either is not finite
+    (an attention mask's -inf, a nan) the two must be the same, or the gap is inf. ``UNPAIRED``
+    (nan) for values that cannot be one output (not tensors, other sizes)."""
     import torch
 
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.numel() != b.numel():
-        return math.inf
+        return UNPAIRED
     # a delegate's output can be the program's value before a view (1x4x8x32 against 4x8x32)
     a, b = a.detach().reshape(-1).double(), b.detach().reshape(-1).double()
     if not a.is_floating_point():
         return 0.0 if torch.equal(a, b) else math.inf
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    if not finite.all():
+        x, y = a[~finite], b[~finite]
+        if not bool(((x == y) | (torch.isnan(x) & torch.isnan(y))).all()):
+            return math.inf
+        a, b = a[finite], b[finite]
     norm = float(torch.linalg.vector_norm(a))
     diff = float(torch.linalg.vector_norm(a - b))
     return diff / norm if norm > 0 else (0.0 if diff == 0 else math.inf)
@@ -200,13 +212,14 @@ def numeric_gap(etrecord: Path, pte_path: Path, ids: list[int], tolerance: float
     rows, skipped, uncompared = [], 0, []
     for _, r in df.iterrows():
         handles = list(r["aot_debug_handle"])
-        gap = max(r["gap"]) if len(r["gap"]) else 0.0
+        gaps = [float(g) for g in r["gap"]]
+        gap = max(gaps) if gaps else 0.0
         delegate = any("DELEGATE" in str(op) for op in (r["runtime_ops"] or []))
         # a delegate call with several outputs comes as one row per output, each paired with a
         # value the ETDump does not tie to it (pairing by shape picked wrong ones): left out
         row = OpGap(min(handles), "delegate call" if delegate else "portable op", list(r["aot_ops"]),
                     list(dict.fromkeys(modules[h] for h in sorted(handles) if modules.get(h))), float(gap))
-        if groups[tuple(handles)] > 1 or math.isinf(gap):
+        if groups[tuple(handles)] > 1 or any(math.isnan(g) for g in gaps):
             skipped += 1
             if not any(u.order == row.order for u in uncompared):
                 uncompared.append(OpGap(row.order, row.kind, row.ops, row.modules, math.nan))
