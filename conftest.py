@@ -272,7 +272,7 @@ def _tolerance_report() -> None:
 # Each module runs on one worker (its module fixtures built once), the tests on the generated
 # checkpoint (tests/conftest.py's session fixtures) together, and the longest groups first, so
 # that no worker is left with a long one at the end (measured cold on 2 cores, 2026-12-07).
-LONGEST_FIRST = ("yours", "test_pte_gap", "test_lean_tracing", "test_preflight", "test_bench_tools",
+LONGEST_FIRST = ("yours", "test_pte_gap", "test_preflight", "test_bench_tools",
                  "test_lower_memory", "test_snapshot_update", "test_native", "test_golden_refresh")
 _YOURS = {"your_checkpoint", "your_recorded"}
 

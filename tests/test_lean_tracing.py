@@ -1,7 +1,8 @@
 """Lowering runs under harness/export/lean.py (provenance shared instead of deep-copied, the cyclic
 collector slowed): 14-30% of the demo's lowering time, and it must not change a byte of the
 program. ExecuTorch reads a node's provenance to give it a debug handle (one per oldest ancestor),
-which the ``.pte`` carries, so a provenance that lost its history would show in the bytes."""
+which the ``.pte`` carries, so a provenance that lost its history would show in the bytes: the fixture's
+program lowered without it must be the same byte for byte (one lowering, in tests/test_lower_memory.py)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,6 @@ import gc
 import pytest
 
 pytestmark = pytest.mark.mac
-
-
-def test_the_fast_program_lowered_without_lean_tracing_is_the_same_byte_for_byte(pipeline, tmp_path):
-    from harness.export.lower import lower
-    from harness.export.pte import write_pte
-    from harness.program import runner_metadata
-
-    pipe = pipeline("8da4w-fast")  # the pipeline lowers under lean_tracing
-    plain, _ = lower(pipe.exported, pipe.recipe, runner_metadata(pipe.loaded, pipe.settings, pipe.recipe),
-                     lean=False)
-    written = write_pte(plain, tmp_path / "plain.pte")
-    assert written.read_bytes() == pipe.pte_path.read_bytes(), (
-        "lean_tracing changed the lowered program (harness/export/lean.py)")
 
 
 def _small_program():
@@ -46,7 +34,7 @@ def _ancestors(ep) -> dict[str, str]:
 def test_shared_provenance_names_the_same_ancestors_and_a_lost_history_would_not(monkeypatch):
     """What the debug handles are made of, after a decomposition: each node's oldest ancestor. Shared
     records name the same ones as deep copies; records that lose their history (the regression a
-    careless sharing would be) name others, which is what the byte comparison above would catch."""
+    careless sharing would be) name others, which is what the byte comparison in tests/test_lower_memory.py would catch."""
     from torch.fx.traceback import NodeSource
 
     from harness.export.lean import lean_tracing

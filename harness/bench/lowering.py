@@ -5,7 +5,7 @@ same bytes:
     python -m harness.bench.lowering [MODEL] [RECIPE] [ROUNDS]      # default: fixture 8da4w-fast 1
 
 Prints one JSON line: seconds per round each way, the median ratio plain / lean, and the sha256 of
-each program written (lean and plain must agree; tests/test_lean_tracing.py asserts it)."""
+each program written (lean and plain must agree; tests/test_lower_memory.py asserts it)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ host B, 2026-12-05):
 
 Measured together (host B, quiet): the ``8da4w-fast`` fixture lowering 72.6 s -> 62.2 s, the
 ``8da4w`` one (123 partitions, so more passes) 114 s -> 80 s in the demo, the same ``.pte`` byte for
-byte (``tests/test_lean_tracing.py`` holds that, and that each part is undone on exit). Nothing here
+byte (``tests/test_lower_memory.py`` holds that; ``tests/test_lean_tracing.py`` that each part is undone on exit). Nothing here
 changes what is traced: on an upgrade that makes a ``NodeSource`` mutable or renames it,
 ``lean_tracing`` must be revisited; the byte-identity test is what says so. Export is not traced
 lean: it measured no faster (6.5 vs 6.3 s for the fixture).
