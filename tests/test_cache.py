@@ -97,7 +97,7 @@ def _build_in_a_process(root: str, log: str, go, out: str) -> None:
     os._exit(0)
 
 
-def _race(tmp_path) -> tuple[list[str], set[str]]:
+def _race(tmp_path, check_exit: bool = True) -> tuple[list[str], set[str]]:
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")
@@ -111,8 +111,10 @@ def _race(tmp_path) -> tuple[list[str], set[str]]:
     go.set()
     for proc in procs:
         proc.join(60)
-        assert proc.exitcode == 0
-    return log.read_text().split(), {o.read_text() for o in outs}
+        # unlocked, the second to finish may find the first's entry in its place (os.replace onto a
+        # directory that is not empty): only the count of builds is the unlocked race's answer
+        assert proc.exitcode == 0 or not check_exit
+    return log.read_text().split(), {o.read_text() for o in outs if o.is_file()}
 
 
 def test_two_processes_asking_at_once_build_the_entry_once(tmp_path):
@@ -130,7 +132,7 @@ def test_without_the_lock_both_processes_build(tmp_path, monkeypatch):
         yield True
 
     monkeypatch.setattr(ArtifactCache, "claim", no_lock)
-    builds, _ = _race(tmp_path)
+    builds, _ = _race(tmp_path, check_exit=False)
     assert len(builds) == 2
 
 
