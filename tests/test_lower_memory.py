@@ -12,8 +12,8 @@ pytestmark = pytest.mark.mac
 
 def test_lowering_plain_writes_the_same_bytes_and_the_drop_lets_go_of_every_weight(pipeline, tmp_path):
     """One lowering serves every check on what the lowering options may not change: lowered plain
-    (weights kept, no lean tracing) it must write the cached program byte for byte, which was lowered
-    with both (harness/export/lean.py's shared provenance would show in the debug
+    (weights kept, no lean tracing, no ETRecord) it must write the cached program byte for byte, which
+    was lowered with all three (harness/export/lean.py's shared provenance would show in the debug
     handles the .pte carries); then the drop run on it must let go of every delegated weight (the
     regression: the drop finding nothing, a renamed attribute or a Parameter type check, and the
     memory staying held)."""
@@ -25,11 +25,12 @@ def test_lowering_plain_writes_the_same_bytes_and_the_drop_lets_go_of_every_weig
     from harness.program import runner_metadata
 
     pipe = pipeline("fp32")
+    assert pipe.cache.meta("pte", pipe._key("pte")).get("etrecord_kept") is True
     kept, _ = lower(pipe.exported, pipe.recipe, runner_metadata(pipe.loaded, pipe.settings, pipe.recipe),
                     drop_weights=False, lean=False)
     written = write_pte(kept, tmp_path / "kept.pte")
     assert written.read_bytes() == pipe.pte_path.read_bytes(), (
-        "the weight drop or lean tracing (harness/export/lean.py) changed the program")
+        "the weight drop, lean tracing (harness/export/lean.py) or the kept ETRecord changed the program")
 
     lowered = [m for _, m, _ in get_lowered_submodules(kept.exported_program().graph_module)]
     held = sum(t.numel() * t.element_size() for m in lowered

@@ -55,6 +55,41 @@ def test_the_untouched_pte_names_nothing(clean):
     assert report.line().startswith("no operator of the pte moves")
 
 
+def test_the_lowering_keeps_the_etrecord_and_no_second_lowering_is_made(clean):
+    """The fixture's .pte was lowered with its ETRecord (etrecord_with_lowering): the gap takes the
+    kept record (a cache hit), where before it lowered the program a second time (minutes)."""
+    pipe, etrecord, _ = clean
+    key = pipe._key("pte")
+    assert pipe.cache.meta("pte", key).get("etrecord_kept") is True, "the lowering did not keep the ETRecord"
+    events = [e[2] for e in pipe.cache.events if e[:2] == ("etrecord", key)]
+    assert events[-1] == "hit", f"the ETRecord was lowered again: {events}"
+
+
+def test_a_kept_etrecord_for_another_pte_is_not_taken(clean, tmp_path, monkeypatch):
+    """A record kept by a lowering whose .pte did not land (another sha256) is dropped, and the
+    record is made again from the .pte's program (here: the lowering that would make it, stopped)."""
+    import types
+
+    import harness.export.lower
+    from harness.cache import ArtifactCache
+    from harness.goldens.pte_gap import etrecord_path
+
+    pipe, etrecord, _ = clean
+    cache = ArtifactCache(tmp_path / "cache")
+    cache.get_or_build("etrecord", "k", "etrecord.bin",
+                       lambda p: (p.write_bytes(etrecord.read_bytes()), {"pte_sha256": "0" * 64})[1])
+
+    def stopped(*a, **k):
+        raise RuntimeError("lowered again")
+
+    monkeypatch.setattr(harness.export.lower, "lower", stopped)
+    stub = types.SimpleNamespace(pte_path=pipe.pte_path, cache=cache, _key=lambda stage: "k", loaded=pipe.loaded,
+                                 recipe=pipe.recipe, settings=pipe.settings, exported=None, progress=lambda m: None)
+    with pytest.raises(RuntimeError, match="lowered again"):
+        etrecord_path(stub)
+    assert cache.lookup("etrecord", "k", "etrecord.bin") is None
+
+
 def test_the_untouched_fast_pte_names_nothing():
     """8da4w-fast, the default recipe for a checkpoint: its XNNPACK regions are few and large (most
     with several outputs, so not compared), and the ops between them (custom SDPA, the KV-cache

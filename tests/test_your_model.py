@@ -127,7 +127,7 @@ def test_a_tampered_token_fails_the_diff_and_the_update_is_refused_then_allowed(
     assert repr(prompt) in line and f"first diverging stage {RECIPE}:pte at generated position {pos}" in line, out
     assert "BLOCKS the refresh" in line and "clear-margin" in line
     # the .pte moved and the exported program did not: its operators are compared with the program
-    # it was lowered from (the ETRecord lowered once more), and the untouched .pte names none
+    # it was lowered from (the ETRecord the lowering kept), and the untouched .pte names none
     assert f"localized: {RECIPE}, {prompt!r}: no operator of the {RECIPE} .pte moves" in out, out[-3000:]
 
     before = tree_bytes(goldens)

@@ -50,6 +50,7 @@ def cmd_demo(args) -> int:
         check_writable(Path(args.out))
     pipe = checked_pipeline(args.model, args.recipe, ExportSettings(max_context=args.max_context),
                             progress=_progress, skip=args.skip_memory_check)
+    pipe.etrecord_with_lowering = False  # the demo never compares operators: no record to copy and save
     pipe.loaded
     pipe.quantized
     pipe.pt2_path

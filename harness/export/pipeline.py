@@ -21,6 +21,9 @@ from harness.recipes import Recipe, get_recipe
 
 
 STREAM_ABOVE_BYTES = 4 << 30  # FP32 bytes past which a quantizing build streams by default
+# .pt2 bytes up to which the lowering writes the ETRecord too: the fixture (a few MB) and the generated
+# small checkpoint; not E2B (3.6 GB, whose lowering peaks at 14.4 of its 16 GiB without the copy)
+ETRECORD_WITH_LOWERING_MAX_BYTES = 1 << 30
 
 
 @lru_cache(maxsize=4)
@@ -173,14 +176,38 @@ class BuildPipeline:
             t0 = time.time()
             exported = [self.exported]  # lower() lets go of it once lowered; reloaded if asked for again
             self.__dict__.pop("exported", None)
-            program, report = lower(exported, self.recipe, runner_metadata(self.loaded, self.settings, self.recipe))
+            keep = self.etrecord_with_lowering
+            program, report = lower(exported, self.recipe, runner_metadata(self.loaded, self.settings, self.recipe),
+                                    etrecord=keep)
             lower_s = time.time() - t0
+            record = program.get_etrecord() if keep else None
             box = [program]  # write_pte lets go of the program before it reloads the file to verify
             del program
             write_pte(box, path)
-            return {"lower_seconds": round(lower_s, 2), "ops": report.as_dict()}
+            if record is not None:
+                self._keep_etrecord(record, path)
+            return {"lower_seconds": round(lower_s, 2), "ops": report.as_dict(), "etrecord_kept": keep}
 
         return self._built("pte", "model.pte", build)
+
+    @cached_property
+    def etrecord_with_lowering(self) -> bool:
+        """Whether the lowering also writes ExecuTorch's ETRecord into the artifact cache (stage
+        ``etrecord``, the ``.pte``'s key), so that harness/goldens/pte_gap.py never lowers a second
+        time: for programs up to ``ETRECORD_WITH_LOWERING_MAX_BYTES`` (the record deep-copies the
+        edge program, one more copy of the weights while lowering). Set it to skip or force."""
+        return self.pt2_path.stat().st_size <= ETRECORD_WITH_LOWERING_MAX_BYTES
+
+    def _keep_etrecord(self, record, pte: Path) -> None:
+        from harness.cache import sha256_file
+
+        want = sha256_file(pte)
+
+        def build(path: Path):
+            record.save(str(path))
+            return {"pte_sha256": want}
+
+        self.cache.get_or_build("etrecord", self._key("pte"), "etrecord.bin", build)
 
     def release_model(self) -> None:
         """Free the in-memory model's tensors once the verified ``.pt2`` holds the program (the

@@ -150,7 +150,9 @@ def save_etrecord(program, path: Path, pte_sha256: str) -> None:
 
 def etrecord_path(pipe) -> Path:
     """The ETRecord for ``pipe``'s ``.pte``, from the artifact cache (stage ``etrecord``, the
-    ``.pte``'s own key) or lowered once more and checked against the ``.pte``."""
+    ``.pte``'s own key: the lowering keeps it there for programs up to 1 GiB,
+    ``BuildPipeline.etrecord_with_lowering``) or lowered once more and checked against the ``.pte``.
+    A kept record is taken only for the ``.pte`` it was made with (its sha256)."""
     from harness.cache import sha256_file
     from harness.export.lower import lower
     from harness.program import runner_metadata
@@ -166,7 +168,13 @@ def etrecord_path(pipe) -> Path:
         save_etrecord(program, path, want)
         return {"pte_sha256": want}
 
-    return pipe.cache.get_or_build("etrecord", pipe._key("pte"), "etrecord.bin", build)
+    key = pipe._key("pte")
+    found = pipe.cache.lookup("etrecord", key, "etrecord.bin")
+    if found is not None and pipe.cache.meta("etrecord", key).get("pte_sha256") != sha256_file(pte):
+        import shutil
+
+        shutil.rmtree(pipe.cache.entry("etrecord", key), ignore_errors=True)  # another lowering's .pte
+    return pipe.cache.get_or_build("etrecord", key, "etrecord.bin", build)
 
 
 def trace_pte(pte_path: Path, ids: list[int], workdir: Path, debug_buffer_bytes: int = DEBUG_BUFFER_BYTES):
