@@ -281,11 +281,21 @@ def _group(item) -> str:
     return "yours" if _YOURS & set(getattr(item, "fixturenames", ())) else item.path.stem
 
 
+def _loadgroup(config) -> bool:
+    """Whether this process collects for ``--dist loadgroup``: the controller says so in ``dist``;
+    a worker, whose ``dist`` xdist sets to "no", in ``loadgroup``. The workers' collection is the one
+    that counts (xdist reads the group marks into their test ids, and schedules in their order), so
+    a check on ``dist`` alone sorted nothing on the workers (tests/test_workers.py)."""
+    return config.getvalue("dist") == "loadgroup" or bool(getattr(config.option, "loadgroup", False))
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group marks into the test ids
 def pytest_collection_modifyitems(config, items):
-    if config.pluginmanager.hasplugin("xdist") and config.getvalue("dist") == "loadgroup":
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group(_group(item)))
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:  # (marked under any --dist: tests/test_workers.py reads them under --dist load too)
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    if _loadgroup(config):
         rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: the rest keep their order
 

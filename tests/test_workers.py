@@ -1,9 +1,12 @@
 """The mac tier on two workers (tox -e mac: pytest-xdist): a pytest session that a test starts on a
 worker (tests/test_snapshot_update.py runs real ones) is a session of its own, not a worker, though
-it inherits the worker's environment. The cache's side of the workers is tests/test_cache.py."""
+it inherits the worker's environment; and each group of tests (a module, or every test on the
+generated checkpoint) runs on one worker, so that its fixtures are built once. The cache's side of
+the workers is tests/test_cache.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -61,3 +64,44 @@ def test_the_names_forgotten_are_the_ones_xdist_sets():
     source = inspect.getsource(remote)
     for name in XDIST_NAMES:
         assert name in source, f"xdist no longer sets {name}: forget_inherited_worker is out of date"
+
+
+# ---- each group on one worker -------------------------------------------------------------------
+def _spread(tmp_path: Path, dist: str) -> dict[str, dict]:
+    """The mac tier collected as the tox env runs it (two workers, ``--dist DIST``), each test
+    reported passed without running (tests/support/dry_run.py): test id -> its worker and groups."""
+    tmp_path.mkdir(parents=True)
+    env = dict(os.environ, HARNESS_DRY_RUN_DIR=str(tmp_path))
+    for name in XDIST_NAMES + ("HARNESS_XDIST_WORKER_PID",):
+        env.pop(name, None)  # a session of its own, with workers of its own
+    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "mac", "-n", "2", "--dist", dist,
+                           "--no-loadscope-reorder", "-p", "support.dry_run", "-p", "no:cacheprovider", "-q"],
+                          cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ran = [json.loads(line) for part in sorted(tmp_path.glob("ran.*")) for line in part.read_text().splitlines()]
+    return {r["id"].split("@")[0]: r for r in ran}
+
+
+def _groups_on_several_workers(ran: dict[str, dict]) -> dict[str, set[str]]:
+    workers: dict[str, set[str]] = {}
+    for r in ran.values():
+        for group in r["groups"] or ["(none)"]:
+            workers.setdefault(group, set()).add(r["worker"])
+    return {g: w for g, w in workers.items() if len(w) > 1}
+
+
+def test_each_group_of_the_tier_runs_on_one_worker(tmp_path):
+    """pytest 9.2 gives tests structured ids, and xdist 3.8 writes the group into the old string
+    field (pytest-xdist#1386): ``--dist loadgroup`` then groups nothing and says nothing, the
+    generated checkpoint's goldens were recorded on both workers (about 4 minutes twice) and each
+    module's fixtures built twice. pyproject.toml keeps pytest below 9.2 until xdist follows."""
+    ran = _spread(tmp_path / "grouped", "loadgroup")
+    assert len({r["worker"] for r in ran.values()}) == 2, "one worker ran the whole tier"
+    assert all(r["groups"] for r in ran.values()), [i for i, r in ran.items() if not r["groups"]][:5]
+    assert not _groups_on_several_workers(ran), _groups_on_several_workers(ran)
+    yours = {i for i, r in ran.items() if r["groups"] == ["yours"]}
+    assert any(i.startswith("tests/test_matrix.py::") for i in yours) and len(yours) > 10, sorted(yours)
+    # the check can fail: with the groups ignored (--dist load, as pytest 9.2 made loadgroup), modules split
+    split = _groups_on_several_workers(_spread(tmp_path / "ungrouped", "load"))
+    assert "yours" in split and len(split) > 5, split
