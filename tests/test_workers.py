@@ -92,10 +92,12 @@ def _groups_on_several_workers(ran: dict[str, dict]) -> dict[str, set[str]]:
 
 
 def test_each_group_of_the_tier_runs_on_one_worker(tmp_path):
-    """pytest 9.2 gives tests structured ids, and xdist 3.8 writes the group into the old string
-    field (pytest-xdist#1386): ``--dist loadgroup`` then groups nothing and says nothing, the
-    generated checkpoint's goldens were recorded on both workers (about 4 minutes twice) and each
-    module's fixtures built twice. pyproject.toml keeps pytest below 9.2 until xdist follows."""
+    """Two ways ``--dist loadgroup`` grouped nothing and said nothing: conftest.py marked the tests
+    only where ``--dist`` read loadgroup, which xdist sets to "no" on its workers (their collection
+    is the one scheduled); and pytest 9.2 gives tests structured ids, while xdist 3.8 writes the
+    group into the old string field (pytest-xdist#1386). Either way the generated checkpoint was
+    recorded on both workers (its lowering 231.6 s and 209.6 s, the same .pte) and each module's
+    fixtures built twice. pyproject.toml keeps pytest below 9.2 until xdist follows."""
     ran = _spread(tmp_path / "grouped", "loadgroup")
     assert len({r["worker"] for r in ran.values()}) == 2, "one worker ran the whole tier"
     assert all(r["groups"] for r in ran.values()), [i for i, r in ran.items() if not r["groups"]][:5]
