@@ -5,7 +5,6 @@ llama.cpp for."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from harness.errors import HarnessError
 
@@ -100,12 +99,13 @@ def test_the_nudge_reaches_the_lookup_the_fast_wrapper_runs(pipeline):
     runtime = p.runtime("eager")
     ref = runtime.step(prompt, list(range(len(prompt))))[0, -1]
     assert nudge_sensitivity(p, prompt, ref, rel=1e-4) > 0
-    calls = {"embed_tokens": 0, "tied": 0}
-    counters = [module.register_forward_hook(lambda m, i, o, name=name: calls.__setitem__(name, calls[name] + 1))
+    assert runtime.wrapper.tied is not None, "8da4w-fast's wrapper has no shared token table"
+    called = []
+    counters = [module.register_forward_hook(lambda m, i, o, name=name: called.append(name))
                 for name, module in (("embed_tokens", p.quantized.model.embed_tokens), ("tied", runtime.wrapper.tied))]
     try:
         runtime.step(prompt, list(range(len(prompt))))
     finally:
         for hook in counters:
             hook.remove()
-    assert calls == {"embed_tokens": 0, "tied": 1}, f"the fast wrapper's lookups: {calls}"
+    assert called == ["tied"], f"the fast wrapper's lookups: {called}"
